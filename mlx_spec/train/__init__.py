@@ -1,0 +1,1 @@
+"""Training code: the demo tokenizer and target, and drafter distillation (MTP head, draft model)."""
