@@ -1,0 +1,169 @@
+"""The one cache-commit path: every cache kind the engine uses can be cut back to a length.
+
+Invariant kept by the engine: after every round, a cache holds exactly the committed tokens it
+was fed (for the target: every committed token but the last, whose logits come next round), so it
+equals a from-scratch recompute of that sequence. Rejected tokens are removed by `trim_to`.
+
+* KVCache / QuantizedKVCache: entries are positions; trimming moves the write offset back and the
+  stale slots are overwritten by the next write (as gpt-fast does with a preallocated cache).
+* Sliding-window layers: mlx-lm's RotatingKVCache overwrites the oldest entries in place, so after
+  the window wraps a rejected draft could not be taken back. We replace it with WindowKVCache, a
+  linear buffer that keeps `window + slack` entries and masks attention to the window; rollback
+  of up to `slack` tokens is always exact.
+* Recurrent / state-space layers (ArraysCache, MambaCache…) fold every token into one state and
+  cannot be cut back: speculation refuses them with a clear error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import (
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
+
+from .errors import UnsupportedModelError
+
+
+class WindowKVCache(KVCache):
+    """A sliding-window KV cache that can roll back up to `slack` tokens after it wraps.
+
+    `offset` is the absolute position (RoPE needs it); `start` is the absolute position of the
+    first stored entry. Entries older than the window are dropped in amortised chunks.
+    """
+
+    def __init__(self, window: int, slack: int):
+        super().__init__()
+        self.window, self.slack, self.start = window, slack, 0
+
+    @property
+    def stored(self) -> int:
+        return self.offset - self.start
+
+    def update_and_fetch(self, keys, values):
+        prev = self.stored
+        if self.keys is None or prev + keys.shape[2] > self.keys.shape[2]:
+            need = prev + keys.shape[2]
+            cap = ((need + self.step - 1) // self.step) * self.step
+            B, H, _, Dk = keys.shape
+            new_k = mx.zeros((B, H, cap, Dk), keys.dtype)
+            new_v = mx.zeros((B, H, cap, values.shape[3]), values.dtype)
+            if self.keys is not None and prev:
+                new_k[..., :prev, :] = self.keys[..., :prev, :]
+                new_v[..., :prev, :] = self.values[..., :prev, :]
+            self.keys, self.values = new_k, new_v
+        self.keys[..., prev : prev + keys.shape[2], :] = keys
+        self.values[..., prev : prev + keys.shape[2], :] = values
+        self.offset += keys.shape[2]
+        n = self.stored
+        out = self.keys[..., :n, :], self.values[..., :n, :]
+        self._drop_old()  # after the write, so the mask the model built for this call holds
+        return out
+
+    def _drop_old(self) -> None:
+        """Forget entries no future query can see, keeping `slack` of them for rollback.
+        Amortised: only once a whole `step` of droppable entries has piled up."""
+        keep = self.window - 1 + self.slack
+        drop = self.stored - keep
+        if drop < self.step:
+            return
+        self.keys = self.keys[..., drop:, :]
+        self.values = self.values[..., drop:, :]
+        self.start += drop
+
+    def keys_and_values(self):
+        n = self.stored
+        return self.keys[..., :n, :], self.values[..., :n, :]
+
+    def size(self) -> int:
+        return self.stored
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
+        # queries are the N newest positions; stored keys before them: self.stored
+        window = window_size or self.window
+        if N == 1 and self.stored < window and not return_array:
+            return None
+        return create_causal_mask(N, self.stored, window_size=window)
+
+    def can_trim(self, n: int) -> bool:
+        """After trimming n, every future query must still find its window - 1 predecessors."""
+        return self.stored - n >= min(self.offset - n, self.window - 1)
+
+    def trim(self, n: int) -> int:
+        if not self.can_trim(n):
+            raise UnsupportedModelError("sliding-window cache cannot roll back past its slack")
+        self.offset -= n
+        return n
+
+    @property
+    def state(self):
+        return self.keys, self.values, self.offset, self.start
+
+    @state.setter
+    def state(self, v):
+        self.keys, self.values, self.offset, self.start = v
+
+
+def make_cache(model: Any, *, slack: int = 16, kv_bits: int | None = None) -> list[Any]:
+    """The model's own cache list, with every layer made rollback-able (see module doc)."""
+    caches = make_prompt_cache(model)
+    out = []
+    for c in caches:
+        if isinstance(c, RotatingKVCache):
+            if c.keep:
+                raise UnsupportedModelError("sliding-window caches with keep > 0 are not supported")
+            out.append(WindowKVCache(window=c.max_size, slack=slack))
+        elif type(c) is KVCache and kv_bits:
+            out.append(QuantizedKVCache(group_size=64, bits=kv_bits))
+        else:
+            out.append(c)
+    return out
+
+
+def check_rollback(caches: list[Any]) -> None:
+    """Raise if a cache cannot be cut back (recurrent state): speculation would be unsafe."""
+    for c in caches:
+        if not isinstance(c, KVCache | QuantizedKVCache | WindowKVCache):
+            raise UnsupportedModelError(
+                f"this model has {type(c).__name__} layers (recurrent state) that cannot be rolled "
+                "back yet; use --drafter none"
+            )
+
+
+def length(caches: list[Any]) -> int:
+    return caches[0].offset if caches else 0
+
+
+def trim_to(caches: list[Any], n: int) -> None:
+    """Cut every layer back to its first n entries (the committed prefix)."""
+    for c in caches:
+        extra = c.offset - n
+        if extra < 0:
+            raise ValueError(f"cache holds {c.offset} tokens, cannot trim to {n}")
+        if extra:
+            c.trim(extra)
+
+
+def can_trim_to(caches: list[Any], n: int) -> bool:
+    for c in caches:
+        if isinstance(c, WindowKVCache):
+            if not c.can_trim(c.offset - n):
+                return False
+        elif not isinstance(c, KVCache | QuantizedKVCache):
+            return False
+    return True
+
+
+def nbytes(caches: list[Any]) -> int:
+    total = 0
+    for c in caches:
+        try:
+            total += c.nbytes
+        except (AttributeError, TypeError):
+            pass
+    return total

@@ -1,0 +1,208 @@
+"""`mlx-spec`: the app (default), `generate`, `train-drafter`, `bench`.
+
+Every user error ends as one line on stderr and exit code 2; no tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+from .errors import MlxSpecError
+
+EXIT_USAGE = 2
+KIND_COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[4;31m", "bonus": "\x1b[34m"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        print(f"mlx-spec: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", help="target: model directory or hub repo (default: demo)")
+    p.add_argument("--drafter", choices=["auto", "none", "draft", "mtp", "ngram"], default="auto",
+                   help="auto: an MTP head found beside the model, else --draft-model, else none")
+    p.add_argument("--draft-model", help="draft model (same tokenizer as the target)")
+    p.add_argument("--mtp", help="MTP head directory (default: found beside the model)")
+    p.add_argument("--num-draft", "-k", default="4",
+                   help="tokens drafted per round (an integer >= 1, or 'auto')")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temp", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="mlx-spec", description="Lossless speculative decoding on MLX.")
+    sub = ap.add_subparsers(dest="command", parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate one answer and print it")
+    add_model_options(g)
+    add_sampling_options(g)
+    g.add_argument("--prompt", "-p", required=True)
+    g.add_argument("--raw", action="store_true", help="no chat template")
+    g.add_argument("--max-tokens", type=_positive_int, default=256)
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+
+    c = sub.add_parser("chat", help="open the chat app (the default command)")
+    c.add_argument("model", nargs="?")
+    c.add_argument("--drafter", choices=["auto", "none", "draft", "mtp", "ngram"], default="auto")
+    c.add_argument("--draft-model")
+    c.add_argument("--mtp")
+    c.add_argument("--num-draft", "-k", default="4")
+
+    t = sub.add_parser("train-drafter", help="distil an MTP head for a target")
+    t.add_argument("--target", required=True)
+    t.add_argument("--data", required=True, help="a text file or a directory of text files")
+    t.add_argument("--steps", type=_positive_int, default=2000)
+    t.add_argument("--out", default=None)
+    t.add_argument("--kind", choices=["shared-kv", "deepseek"], default="shared-kv")
+    t.add_argument("--seed", type=int, default=0)
+
+    b = sub.add_parser("bench", help="side-by-side speed benchmark")
+    b.add_argument("--quick", action="store_true")
+    b.add_argument("--out", default="docs")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+        if args.command == "train-drafter":
+            from .train.distill import cmd_train_drafter
+
+            return cmd_train_drafter(args)
+        if args.command == "bench":
+            from .bench import cmd_bench
+
+            return cmd_bench(args)
+        return cmd_chat(args)
+    except MlxSpecError as e:
+        print(f"mlx-spec: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as e:  # invalid option values (SamplingConfig and friends)
+        print(f"mlx-spec: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("\nmlx-spec: interrupted", file=sys.stderr)
+        return 130
+
+
+def parse_num_draft(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        k = int(text)
+    except ValueError:
+        raise MlxSpecError(f"--num-draft must be an integer >= 1 or 'auto', got {text!r}") from None
+    if k < 1:
+        raise MlxSpecError(f"--num-draft must be >= 1, got {k}")
+    return k
+
+
+def sampling_from_args(args: argparse.Namespace):
+    from .sampling import SamplingConfig
+
+    return SamplingConfig(
+        temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, seed=args.seed,
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .chat import encode_chat, encode_raw
+    from .events import TokenEvent, TurnEnd
+    from .loading import load_engine
+
+    sampling = sampling_from_args(args)  # validate before the (slow) load
+    num_draft = parse_num_draft(args.num_draft)
+    if not args.prompt:
+        raise MlxSpecError("the prompt is empty")
+    engine = load_engine(args.model, drafter=args.drafter, draft_model=args.draft_model,
+                         mtp=args.mtp, num_draft=num_draft)
+    tok = engine.tokenizer
+    ids = (encode_raw(tok, args.prompt) if args.raw
+           else encode_chat(tok, [{"role": "user", "content": args.prompt}]))
+    colour = sys.stdout.isatty() and not args.json and "NO_COLOR" not in os.environ
+    tokens, kinds, text = [], [], []
+    end: TurnEnd | None = None
+    stop = threading.Event()
+    events = engine.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=stop)
+    try:
+        for ev in events:
+            if isinstance(ev, TokenEvent):
+                tokens.append(ev.token)
+                kinds.append(ev.kind.value)
+                text.append(ev.text)
+                if not args.json:
+                    _print_fragment(ev.text, ev.kind.value, colour)
+            else:
+                end = ev
+    except KeyboardInterrupt:
+        stop.set()  # the engine's caches are committed per round; finish the turn cleanly
+        for ev in events:
+            if isinstance(ev, TurnEnd):
+                end = ev
+    assert end is not None
+    if args.json:
+        out = {"prompt_ids": ids, "tokens": tokens, "kinds": kinds, "text": "".join(text),
+               "finish_reason": end.finish_reason, "stats": end.stats.to_dict()}
+        print(json.dumps(out))
+    else:
+        print()
+        print(summary_line(end.stats), file=sys.stderr)
+    return 0
+
+
+def _print_fragment(text: str, kind: str, colour: bool) -> None:
+    if colour and kind in KIND_COLOURS:
+        text = f"{KIND_COLOURS[kind]}{text}\x1b[0m"
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def summary_line(s: Any) -> str:
+    line = (f"[{s.generated_tokens} tokens, {s.tok_s:.1f} tok/s, TTFT {s.ttft_s * 1000:.0f} ms, "
+            f"drafter {s.drafter}")
+    if s.drafter != "none":
+        line += (f" k={s.num_draft}, acceptance {s.acceptance_rate:.0%}, "
+                 f"{s.tokens_per_pass:.2f} tokens/pass")
+    return line + f", finish {s.finish_reason}]"
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    try:
+        from mlx_spec_app.app import run_app
+    except ImportError as e:
+        raise MlxSpecError(f"the chat app is not available: {e}") from e
+    return run_app(
+        model=getattr(args, "model", None),
+        drafter=getattr(args, "drafter", "auto"),
+        draft_model=getattr(args, "draft_model", None),
+        mtp=getattr(args, "mtp", None),
+        num_draft=parse_num_draft(getattr(args, "num_draft", "4")),
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

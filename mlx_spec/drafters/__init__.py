@@ -1,0 +1,7 @@
+"""Drafters: each proposes tokens through the same small protocol (base.Drafter)."""
+
+from .base import Draft, DraftContext, Drafter
+from .draft_model import DraftModelDrafter
+from .ngram import NgramDrafter
+
+__all__ = ["Draft", "DraftContext", "Drafter", "DraftModelDrafter", "NgramDrafter"]

@@ -1,0 +1,60 @@
+"""The drafter protocol: propose up to k tokens with their draft probabilities; follow commits.
+
+A drafter never decides what is emitted — the target does (see sampling.py). It only has to
+(1) propose tokens, each drawn from the distribution it reports, and (2) after every round cut its
+own state back to the committed sequence, so no rejected token survives as context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import mlx.core as mx
+
+from ..model import TargetModel
+from ..sampling import Sampler
+
+
+@dataclass(frozen=True)
+class Draft:
+    """k proposed tokens; probs [k, V] are the real draft distributions (None when greedy)."""
+
+    tokens: list[int] = field(default_factory=list)
+    probs: mx.array | None = None
+
+
+@dataclass
+class DraftContext:
+    """What the engine shares with a drafter, without copies (unified memory).
+
+    tokens: the committed sequence; its last token is pending (no target logits for it yet).
+    target_cache: the target's per-layer caches, holding tokens[:-1].
+    hidden / hidden_start: the target's final hidden states for positions
+        hidden_start .. hidden_start + len(hidden) - 1 — the positions committed in the last
+        verify (or prefill). hidden[i] is what predicted tokens[hidden_start + i + 1].
+    """
+
+    target: TargetModel
+    tokens: list[int]
+    target_cache: list[Any]
+    hidden: mx.array | None = None
+    hidden_start: int = 0
+
+
+class Drafter(Protocol):
+    name: str
+    needs_hidden: bool  # does commit() need the target's hidden states?
+
+    def reset(self) -> None:
+        """Forget everything (a new conversation)."""
+
+    def commit(self, ctx: DraftContext, valid: int) -> None:
+        """The committed sequence is ctx.tokens; only its first `valid` tokens are positions the
+        drafter may have seen before. Drop all state beyond them."""
+
+    def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
+        """Propose up to k tokens following ctx.tokens."""
+
+    def nbytes(self) -> int:
+        """Extra memory: weights plus any cache of the drafter's own."""

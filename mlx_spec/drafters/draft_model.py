@@ -1,0 +1,54 @@
+"""A separate, smaller language model with the same vocabulary, run autoregressively."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .. import cache as kv
+from ..errors import TokenizerMismatchError
+from ..model import TargetModel
+from ..sampling import Sampler
+from .base import Draft, DraftContext
+
+
+class DraftModelDrafter:
+    name = "draft"
+    needs_hidden = False
+
+    def __init__(self, draft: TargetModel, target: TargetModel, *, slack: int = 16):
+        if draft.vocab_size != target.vocab_size:
+            raise TokenizerMismatchError(
+                f"draft model vocabulary ({draft.vocab_size}) differs from the target's "
+                f"({target.vocab_size}); they must share a tokenizer"
+            )
+        self.model = draft
+        self.slack = slack
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = kv.make_cache(self.model.model, slack=self.slack)
+        kv.check_rollback(self.cache)
+
+    def commit(self, ctx: DraftContext, valid: int) -> None:
+        n = min(kv.length(self.cache), valid)
+        if not kv.can_trim_to(self.cache, n):
+            self.reset()  # a sliding-window drafter rolled too far: recompute next round
+            return
+        kv.trim_to(self.cache, n)
+
+    def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
+        # catch up on committed tokens not yet seen (the pending one at least), then one step each
+        feed = ctx.tokens[kv.length(self.cache) :]
+        history = ctx.tokens[-sampler.cfg.repetition_context :]
+        tokens, probs = [], []
+        for _ in range(k):
+            logits, _ = self.model.forward(feed, self.cache)
+            token, q = sampler.draft_token(logits[-1], history + tokens)
+            tokens.append(token.item())
+            if q is not None:
+                probs.append(q)
+            feed = tokens[-1:]
+        return Draft(tokens, mx.stack(probs) if probs else None)
+
+    def nbytes(self) -> int:
+        return self.model.nbytes() + kv.nbytes(self.cache)

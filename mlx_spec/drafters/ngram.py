@@ -1,0 +1,55 @@
+"""Prompt lookup: propose what followed the latest earlier occurrence of the current suffix.
+
+Model-free, so its draft distribution is a point mass: q(x) = 1 for the proposed x. Rejection
+sampling then accepts x with probability p(x) and resamples from p with x removed — still exact.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..sampling import Sampler
+from .base import Draft, DraftContext
+
+
+class NgramDrafter:
+    name = "ngram"
+    needs_hidden = False
+
+    def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.reset()
+
+    def reset(self) -> None:
+        # n-gram -> end position of its latest occurrence that has a known continuation
+        self.index: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # positions < indexed have had their n-grams recorded
+
+    def commit(self, ctx: DraftContext, valid: int) -> None:
+        if valid < self.indexed:  # the sequence changed below what we indexed: start over
+            self.reset()
+        tokens = ctx.tokens
+        # record n-grams ending at every position that now has a continuation (all but the last)
+        for end in range(self.indexed, len(tokens) - 1):
+            for n in range(self.min_ngram, self.max_ngram + 1):
+                if end + 1 >= n:
+                    self.index[tuple(tokens[end + 1 - n : end + 1])] = end
+        self.indexed = max(self.indexed, len(tokens) - 1)
+
+    def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
+        tokens = ctx.tokens
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            end = self.index.get(tuple(tokens[-n:])) if len(tokens) >= n else None
+            if end is not None:
+                proposal = tokens[end + 1 : end + 1 + k]
+                break
+        else:
+            return Draft()
+        probs = None
+        if not sampler.cfg.greedy:
+            probs = mx.zeros((len(proposal), ctx.target.vocab_size))
+            probs[mx.arange(len(proposal)), mx.array(proposal)] = 1.0
+        return Draft(list(proposal), probs)
+
+    def nbytes(self) -> int:
+        return 0

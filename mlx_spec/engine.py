@@ -1,0 +1,259 @@
+"""The speculative decoding loop: prefill → draft → verify → commit, yielding typed events.
+
+State between rounds: `tokens`, the committed sequence. Its last token is *pending*: the target
+has not run on it yet, so the target cache holds exactly tokens[:-1]. A round
+
+  1. draft:  the drafter proposes d_1..d_k after tokens (k may be 0: plain decoding);
+  2. verify: ONE target forward over [pending, d_1..d_k] gives k+1 next-token distributions;
+  3. accept: the sampler keeps the first n drafts and adds the target's own token t;
+  4. commit: tokens += d_1..d_n, t; target and drafter caches are cut back to the new committed
+             sequence (the k - n rejected positions leave no trace).
+
+Because t is always the target's, every round emits at least one token, and the output is the
+target's own (greedy: token for token; sampled: in distribution, see sampling.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import mlx.core as mx
+
+from . import cache as kv
+from .detok import IncrementalDecoder
+from .drafters.base import Draft, DraftContext, Drafter
+from .errors import MlxSpecError, PromptTooLongError
+from .events import Event, Kind, TokenEvent, TurnEnd, TurnStats
+from .model import TargetModel
+from .sampling import Sampler, SamplingConfig
+
+PREFILL_CHUNK = 512
+
+
+class Engine:
+    """Holds a target, an optional drafter and the conversation's committed caches."""
+
+    def __init__(
+        self,
+        target: TargetModel,
+        tokenizer: Any,
+        drafter: Drafter | None = None,
+        *,
+        num_draft: int = 4,
+        kv_bits: int | None = None,
+    ):
+        if num_draft < 1:
+            raise MlxSpecError(f"draft length must be >= 1, got {num_draft}")
+        self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        self.num_draft = num_draft
+        self.kv_bits = kv_bits
+        self.eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
+        self.reset()
+
+    # -- conversation state ------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the conversation: empty caches."""
+        slack = max(16, 2 * (self.num_draft + 2))
+        self.cache = kv.make_cache(self.target.model, slack=slack, kv_bits=self.kv_bits)
+        if self.drafter is not None:
+            kv.check_rollback(self.cache)
+            self.drafter.reset()
+        self.tokens: list[int] = []
+
+    def set_drafter(self, drafter: Drafter | None) -> None:
+        """Switch drafters. The conversation is re-prefilled next turn, since a drafter that
+        keeps state (an MTP cache) needs the target's hidden states of every position."""
+        self.drafter = drafter
+        self.reset()
+
+    def _context(self, hidden: mx.array | None = None, start: int = 0) -> DraftContext:
+        return DraftContext(self.target, self.tokens, self.cache, hidden, start)
+
+    # -- the loop, as verbs --------------------------------------------------------------------
+
+    def prefill(self, prompt: list[int]) -> int:
+        """Make the cache hold prompt[:-1], reusing the longest prefix already cached.
+
+        Returns how many prompt tokens were reused."""
+        reuse = _common_prefix(self.tokens, prompt)
+        reuse = min(reuse, len(prompt) - 1, kv.length(self.cache))
+        if not kv.can_trim_to(self.cache, reuse):
+            self.reset()
+            reuse = 0
+        kv.trim_to(self.cache, reuse)
+        self.tokens = list(prompt)
+        hidden = []
+        want_hidden = self.drafter is not None and self.drafter.needs_hidden
+        for i in range(reuse, len(prompt) - 1, PREFILL_CHUNK):
+            chunk = prompt[i : min(i + PREFILL_CHUNK, len(prompt) - 1)]
+            _, h = self.target.forward(chunk, self.cache, hidden=want_hidden)
+            mx.eval([c.state for c in self.cache] + ([h] if h is not None else []))
+            if h is not None:
+                hidden.append(h)
+        if self.drafter is not None:
+            h = mx.concatenate(hidden) if hidden else None
+            self.drafter.commit(self._context(h, reuse), reuse)
+        return reuse
+
+    def draft(self, k: int, sampler: Sampler) -> Draft:
+        if k == 0 or self.drafter is None:
+            return Draft()
+        return self.drafter.draft(self._context(), k, sampler)
+
+    def verify(self, draft: Draft) -> tuple[mx.array, mx.array | None]:
+        """One target forward over [pending, d_1..d_k]: logits [k+1, V] (and hidden [k+1, D])."""
+        inputs = self.tokens[kv.length(self.cache) :] + draft.tokens
+        want_hidden = self.drafter is not None and self.drafter.needs_hidden
+        logits, hidden = self.target.forward(inputs, self.cache, hidden=want_hidden)
+        n = len(draft.tokens) + 1
+        return logits[-n:], (hidden[-n:] if hidden is not None else None)
+
+    def commit(self, new: list[int], valid: int, hidden: mx.array | None) -> None:
+        """Append the round's kept tokens and cut every cache back to the committed sequence.
+
+        valid: how many leading tokens the drafter saw as they are now committed."""
+        start = len(self.tokens) - 1  # position of the old pending token
+        self.tokens.extend(new)
+        kv.trim_to(self.cache, len(self.tokens) - 1)
+        if self.drafter is not None:
+            h = hidden[: len(new)] if hidden is not None else None
+            self.drafter.commit(self._context(h, start), valid)
+
+    # -- a turn ----------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: list[int],
+        *,
+        max_tokens: int = 256,
+        sampling: SamplingConfig | None = None,
+        num_draft: int | None = None,
+        stop: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Continue the conversation with `prompt` (the whole token sequence so far: a prefix
+        shared with the previous turn is reused from the cache). Yields TokenEvents, then TurnEnd.
+        """
+        if not prompt:
+            raise MlxSpecError("the prompt is empty")
+        if len(prompt) >= self.target.context_length:
+            raise PromptTooLongError(
+                f"prompt has {len(prompt)} tokens; the model's context is "
+                f"{self.target.context_length}"
+            )
+        sampler = Sampler(sampling or SamplingConfig())
+        k_max = num_draft or self.num_draft
+        decoder = IncrementalDecoder(self.tokenizer)
+        mx.reset_peak_memory()
+        t0 = time.perf_counter()
+        reused = self.prefill(prompt)
+        prefill_s = time.perf_counter() - t0
+        s = _Counters(k_max)
+        generated: list[int] = []
+        finish = "length"
+        ttft = 0.0
+        while len(generated) < max_tokens:
+            if stop is not None and stop.is_set():
+                finish = "cancelled"
+                break
+            if len(self.tokens) >= self.target.context_length:
+                finish = "context"
+                break
+            remaining = max_tokens - len(generated)
+            k = 0 if self.drafter is None else min(k_max, remaining - 1)
+            k = min(k, self.target.context_length - len(self.tokens) - 1)
+            k = max(k, 0)
+
+            t = time.perf_counter()
+            draft = self.draft(k, sampler)
+            mx.eval(draft.probs) if draft.probs is not None else None
+            s.draft_s += time.perf_counter() - t
+
+            t = time.perf_counter()
+            logits, hidden = self.verify(draft)
+            verdict = sampler.verify(logits, self.tokens, draft.tokens, draft.probs)
+            s.verify_s += time.perf_counter() - t
+            s.passes += 1
+
+            n, k = verdict.num_accepted, len(draft.tokens)
+            new = draft.tokens[:n] + [verdict.token]
+            kinds = [Kind.ACCEPTED] * n + [
+                Kind.TARGET if k == 0 else Kind.BONUS if n == k else Kind.CORRECTED
+            ]
+            cut, reason = _stop_point(new, remaining, self.eos)
+            new, kinds = new[:cut], kinds[:cut]
+            s.count(k, n)
+            self.commit(new, len(self.tokens) + min(n, len(new)), hidden)
+
+            for pos, (tok, kind) in enumerate(zip(new, kinds, strict=True)):
+                if tok in self.eos:
+                    break
+                generated.append(tok)
+                if not ttft:
+                    ttft = time.perf_counter() - t0
+                yield TokenEvent(tok, decoder.add(tok), kind, pos + 1 if kind is Kind.ACCEPTED else 0)
+            if reason:
+                finish = reason
+                break
+
+        stats = TurnStats(
+            prompt_tokens=len(prompt),
+            reused_tokens=reused,
+            generated_tokens=len(generated),
+            target_passes=s.passes,
+            drafted=s.drafted,
+            accepted=s.accepted,
+            per_position_drafted=tuple(s.pos_drafted),
+            per_position_accepted=tuple(s.pos_accepted),
+            prefill_s=prefill_s,
+            draft_s=s.draft_s,
+            verify_s=s.verify_s,
+            ttft_s=ttft,
+            total_s=time.perf_counter() - t0,
+            peak_memory=mx.get_peak_memory(),
+            target_bytes=self.target.nbytes(),
+            drafter_bytes=self.drafter.nbytes() if self.drafter is not None else 0,
+            kv_cache_bytes=kv.nbytes(self.cache),
+            drafter=self.drafter.name if self.drafter is not None else "none",
+            num_draft=k_max if self.drafter is not None else 0,
+            finish_reason=finish,
+        )
+        yield TurnEnd(stats, finish, tuple(generated))
+
+
+class _Counters:
+    """Mutable tallies of a turn (frozen into TurnStats at its end)."""
+
+    def __init__(self, k_max: int):
+        self.passes = self.drafted = self.accepted = 0
+        self.draft_s = self.verify_s = 0.0
+        self.pos_drafted = [0] * k_max
+        self.pos_accepted = [0] * k_max
+
+    def count(self, k: int, n: int) -> None:
+        self.drafted += k
+        self.accepted += n
+        for i in range(k):
+            self.pos_drafted[i] += 1
+            self.pos_accepted[i] += i < n
+
+
+def _stop_point(new: list[int], remaining: int, eos: set[int]) -> tuple[int, str]:
+    """How many of a round's tokens to keep: through an end-of-turn token, or up to max_tokens."""
+    for i, tok in enumerate(new):
+        if tok in eos:
+            return i + 1, "stop"
+        if i + 1 == remaining:
+            return i + 1, "length"
+    return len(new), ""
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

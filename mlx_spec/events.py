@@ -1,0 +1,95 @@
+"""Typed events yielded by generation, and the per-turn statistics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+
+class Kind(str, Enum):
+    """What happened to a token."""
+
+    ACCEPTED = "accepted"  # drafted, and the target agreed
+    CORRECTED = "corrected"  # the target's own token at the first rejected draft position
+    BONUS = "bonus"  # the target's extra token after all k drafts were accepted
+    TARGET = "target"  # produced by the target in a round without drafts
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token: int
+    text: str  # UTF-8 safe fragment: may be "" while a multi-byte character is incomplete
+    kind: Kind
+    draft_position: int = 0  # 1..k for accepted tokens, else 0
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    """Everything measured in one turn. Times in seconds, memory in bytes."""
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens already in the cache from earlier turns
+    generated_tokens: int = 0
+    target_passes: int = 0  # verify forwards (prefill not counted)
+    drafted: int = 0
+    accepted: int = 0
+    per_position_drafted: tuple[int, ...] = ()
+    per_position_accepted: tuple[int, ...] = ()
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    peak_memory: int = 0
+    target_bytes: int = 0
+    drafter_bytes: int = 0
+    kv_cache_bytes: int = 0
+    drafter: str = "none"
+    num_draft: int = 0
+    finish_reason: str = ""
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def per_position_acceptance(self) -> tuple[float, ...]:
+        return tuple(
+            a / d if d else 0.0
+            for a, d in zip(self.per_position_accepted, self.per_position_drafted, strict=True)
+        )
+
+    @property
+    def generation_s(self) -> float:
+        return max(self.total_s - self.prefill_s, 1e-9)
+
+    @property
+    def tok_s(self) -> float:
+        return self.generated_tokens / self.generation_s if self.generated_tokens else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_pass=self.tokens_per_pass,
+            per_position_acceptance=list(self.per_position_acceptance),
+            generation_s=self.generation_s,
+            tok_s=self.tok_s,
+        )
+        return d
+
+
+@dataclass(frozen=True)
+class TurnEnd:
+    """The last event of a turn."""
+
+    stats: TurnStats
+    finish_reason: str  # "stop" (end-of-turn token), "length", "context", "cancelled"
+    tokens: tuple[int, ...] = field(default=())
+
+
+Event = TokenEvent | TurnEnd

@@ -1,0 +1,126 @@
+"""Loading targets and their tokenizers through mlx-lm, with one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import ModelLoadError
+from .model import TargetModel
+
+
+def load_target(path_or_repo: str | Path) -> tuple[TargetModel, Any]:
+    """(TargetModel, mlx-lm TokenizerWrapper) for a local model directory or a hub repo id."""
+    from mlx_lm import load
+
+    path = Path(path_or_repo)
+    if path.exists() or str(path_or_repo).startswith((".", "/", "~")):
+        path = path.expanduser()
+        _check_model_dir(path)
+        source = str(path)
+    else:
+        source = str(path_or_repo)
+    try:
+        model, tokenizer, config = load(source, return_config=True)
+    except ModelLoadError:
+        raise
+    except Exception as e:  # mlx-lm raises many kinds; the user needs one line
+        raise ModelLoadError(f"cannot load model {path_or_repo}: {_one_line(e)}") from e
+    context = int(
+        config.get("max_position_embeddings")
+        or config.get("text_config", {}).get("max_position_embeddings")
+        or 4096
+    )
+    return TargetModel(model, context_length=context, name=_display_name(path_or_repo)), tokenizer
+
+
+def _check_model_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory not found: {path}")
+    config = path / "config.json"
+    if not config.exists():
+        raise ModelLoadError(f"{path} is not a model directory (no config.json)")
+    try:
+        json.loads(config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"corrupt config.json in {path}: {_one_line(e)}") from e
+    if not any(path.glob("*.safetensors")):
+        raise ModelLoadError(f"no weights (*.safetensors) in {path}")
+
+
+def _display_name(path_or_repo: str | Path) -> str:
+    p = Path(path_or_repo)
+    return p.name if p.exists() else str(path_or_repo)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def find_mtp_head(model_path: str | Path | None) -> Path | None:
+    """An MTP head installed beside a model: DIR/mtp/ or a sibling DIR-mtp/."""
+    if model_path is None:
+        return None
+    p = Path(model_path).expanduser()
+    for candidate in (p / "mtp", p.parent / f"{p.name}-mtp"):
+        if (candidate / "mtp_config.json").exists():
+            return candidate
+    return None
+
+
+def load_engine(
+    model: str | Path | None = None,
+    *,
+    drafter: str = "auto",
+    draft_model: str | Path | None = None,
+    mtp: str | Path | None = None,
+    num_draft: int | str = 4,
+    kv_bits: int | None = None,
+):
+    """A ready Engine: target (default: the bundled demo), drafter, draft length.
+
+    drafter: 'auto' (an MTP head beside the model, else --draft-model, else none), 'none',
+    'draft', 'mtp' or 'ngram'."""
+    from .assets import DEMO_DRAFT, demo_model
+    from .engine import Engine
+
+    if model is None:
+        model = demo_model()
+        if not Path(model).exists():
+            raise ModelLoadError(
+                "no --model given and the bundled demo model is missing "
+                f"({model}); build it with `python -m mlx_spec.train.demo`"
+            )
+        if draft_model is None and drafter == "draft":
+            draft_model = demo_model(DEMO_DRAFT)
+    target, tokenizer = load_target(model)
+    chosen = drafter
+    if drafter == "auto":
+        chosen = "draft" if draft_model else "mtp" if (mtp or find_mtp_head(model)) else "none"
+    d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=mtp)
+    k = 4 if num_draft == "auto" else int(num_draft)
+    return Engine(target, tokenizer, d, num_draft=k, kv_bits=kv_bits)
+
+
+def make_drafter(kind: str, target: TargetModel, *, model_path=None, draft_model=None, mtp=None):
+    from .drafters import DraftModelDrafter, NgramDrafter
+
+    if kind == "none":
+        return None
+    if kind == "ngram":
+        return NgramDrafter()
+    if kind == "draft":
+        if draft_model is None:
+            raise ModelLoadError("--drafter draft needs --draft-model")
+        draft, _ = load_target(draft_model)
+        return DraftModelDrafter(draft, target)
+    if kind == "mtp":
+        from .drafters.mtp import load_mtp_drafter
+
+        path = mtp or find_mtp_head(model_path)
+        if path is None:
+            raise ModelLoadError(f"no MTP head found beside {model_path}; pass --mtp DIR")
+        return load_mtp_drafter(path, target)
+    raise ModelLoadError(f"unknown drafter {kind!r}")

@@ -1,0 +1,62 @@
+"""The target model, as the engine sees it: one forward that also returns the final hidden state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+@dataclass
+class TargetModel:
+    """An mlx-lm model plus what the engine needs to know about it."""
+
+    model: nn.Module
+    context_length: int
+    name: str = "target"
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.model.model
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backbone.embed_tokens.weight.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.args.hidden_size
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        return self.backbone.embed_tokens(tokens)
+
+    def head(self, hidden: mx.array) -> mx.array:
+        """The target's LM head over final hidden states (shared by MTP drafters)."""
+        if "lm_head" in self.model:
+            return self.model.lm_head(hidden)
+        return self.backbone.embed_tokens.as_linear(hidden)
+
+    def forward(self, tokens: list[int], cache: list[Any], *, hidden: bool = False):
+        """Logits [n, V] for n new tokens, appended to cache; with hidden=True also [n, D]."""
+        x = mx.array(tokens)[None]
+        if not hidden:
+            return self.model(x, cache=cache)[0], None
+        h = self.backbone(x, cache=cache)
+        return self.head(h)[0], h[0]
+
+    def exposes_hidden(self) -> bool:
+        """True if backbone + head reproduces the model's own logits (so MTP heads can use h)."""
+        try:
+            x = mx.array([[1, 2]])
+            a = self.model(x)
+            b = self.head(self.backbone(x))
+            return bool(mx.allclose(a, b, atol=1e-4, rtol=1e-4).item())
+        except Exception:
+            return False
+
+    def nbytes(self) -> int:
+        from mlx.utils import tree_flatten
+
+        return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))

@@ -1,0 +1,193 @@
+"""The one sampler: logits processing, and the acceptance rule that keeps speculation lossless.
+
+Everything that turns logits into a token goes through here, for the target and every drafter
+alike, so p (target) and q (draft) always see the same temperature, top-k, top-p, min-p and
+repetition penalty.
+
+Acceptance (Leviathan et al. 2023, Chen et al. 2023). For draft tokens x_1..x_k drawn from q_i and
+target distributions p_1..p_{k+1}:
+  * accept x_i with probability min(1, p_i(x_i) / q_i(x_i)), stopping at the first rejection;
+  * at a rejection, sample from the residual norm(max(0, p_i - q_i));
+  * if all k are accepted, sample the bonus token from p_{k+1}.
+For any q the emitted token at each position is distributed exactly as p: P(emit x) =
+q(x)·min(1, p/q) + (1 - Σ_y min(p(y), q(y)))·residual(x) = min(p, q)(x) + max(0, p - q)(x) = p(x).
+Greedy decoding is the limit where p and q are one-hot: accept while the draft equals the target's
+argmax, then emit the target's argmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How tokens are chosen. temperature 0 means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0  # nucleus: keep the smallest set with cumulative probability >= top_p
+    top_k: int = 0  # keep the k most likely tokens (0: all)
+    min_p: float = 0.0  # drop tokens below min_p * p(most likely)
+    repetition_penalty: float = 1.0  # CTRL-style: divide positive logits, multiply negative ones
+    repetition_context: int = 64  # how many previous tokens the penalty looks at
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top-k must be >= 0, got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"min-p must be in [0, 1), got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def penalize(logits: mx.array, history: list[int], rows: list[int], cfg: SamplingConfig) -> mx.array:
+    """Repetition penalty for n rows of logits [n, V].
+
+    Row r is conditioned on history + rows[:r] (rows are the tokens fed after the history, so the
+    draft tokens of a round), hence each row sees its own window of previous tokens.
+    """
+    if cfg.repetition_penalty == 1.0 or (not history and not rows):
+        return logits
+    n, window = logits.shape[0], cfg.repetition_context
+    seq = history[-window:] + rows
+    base = len(seq) - len(rows)
+    windows, live = [], []
+    for r in range(n):
+        w = seq[max(0, base + r - window) : base + r]
+        # left-pad with a token of the window itself, so duplicates get the same penalized value
+        windows.append([w[0] if w else 0] * (window - len(w)) + w)
+        live.append(bool(w))
+    idx = mx.array(windows)
+    picked = mx.take_along_axis(logits, idx, axis=-1)
+    penalized = mx.where(
+        picked > 0, picked / cfg.repetition_penalty, picked * cfg.repetition_penalty
+    )
+    picked = mx.where(mx.array(live)[:, None], penalized, picked)
+    return mx.put_along_axis(logits, idx, picked, axis=-1)
+
+
+def probabilities(logits: mx.array, cfg: SamplingConfig) -> mx.array:
+    """Turn (already penalized) logits [n, V] into the distributions actually sampled from."""
+    logits = logits.astype(mx.float32) / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = mx.sort(logits, axis=-1)[..., -cfg.top_k][..., None]
+        logits = mx.where(logits < kth, -mx.inf, logits)
+    probs = mx.softmax(logits, axis=-1)
+    if cfg.top_p < 1.0:
+        # keep a token if the mass strictly above it is < top_p (so the top token always stays)
+        order = mx.argsort(-probs, axis=-1)
+        sorted_p = mx.take_along_axis(probs, order, axis=-1)
+        above = mx.cumsum(sorted_p, axis=-1) - sorted_p
+        keep_sorted = above < cfg.top_p
+        keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
+        probs = mx.where(keep, probs, 0.0)
+    if cfg.min_p > 0.0:
+        probs = mx.where(probs < cfg.min_p * probs.max(axis=-1, keepdims=True), 0.0, probs)
+    return probs / probs.sum(axis=-1, keepdims=True)
+
+
+def categorical(probs: mx.array, key: mx.array) -> mx.array:
+    """One sample per row of probs [..., V] (zeros are never drawn)."""
+    return mx.random.categorical(mx.log(probs), axis=-1, key=key)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the target decided about a round's drafts."""
+
+    num_accepted: int  # n: the first n drafts are kept
+    token: int  # the target's own token after them: a correction (n < k) or the bonus (n == k)
+
+
+def verify_greedy(target_logits: mx.array, drafts: list[int]) -> Verdict:
+    """Longest prefix of drafts equal to the target's argmax, then the target's argmax.
+
+    target_logits [k+1, V]: row i is the target's prediction after drafts[:i].
+    """
+    best = mx.argmax(target_logits, axis=-1).tolist()
+    n = 0
+    while n < len(drafts) and drafts[n] == best[n]:
+        n += 1
+    return Verdict(n, best[n])
+
+
+def rejection_sample(
+    p: mx.array, q: mx.array, drafts: mx.array, key: mx.array
+) -> tuple[mx.array, mx.array]:
+    """Modified rejection sampling, batched over any leading dims.
+
+    p [..., k+1, V] target probabilities, q [..., k, V] draft probabilities, drafts [..., k] with
+    drafts[i] ~ q[i]. Returns (n, token): n accepted drafts, and the token emitted after them.
+    """
+    k = drafts.shape[-1]
+    accept_key, sample_key = mx.random.split(key)
+    px = mx.take_along_axis(p[..., :k, :], drafts[..., None], axis=-1)[..., 0]
+    qx = mx.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+    u = mx.random.uniform(shape=drafts.shape, key=accept_key)
+    # u < p/q, written without the division; q(x) > 0 because x was drawn from q
+    accepted = (u * qx < px).astype(mx.int32)
+    n = mx.cumprod(accepted, axis=-1).sum(axis=-1)  # length of the accepted prefix
+    # Row i < k: residual max(0, p_i - q_i); row k: the bonus distribution p_k (q padded with 0).
+    q_pad = mx.concatenate([q, mx.zeros_like(p[..., :1, :])], axis=-2)
+    residual = mx.maximum(p - q_pad, 0.0)
+    mass = residual.sum(axis=-1, keepdims=True)
+    # mass 0 means p == q at that row, where rejection has probability 0; fall back to p anyway
+    residual = mx.where(mass > 0, residual / mx.maximum(mass, 1e-30), p)
+    candidates = categorical(residual, sample_key)  # [..., k+1]
+    token = mx.take_along_axis(candidates, n[..., None], axis=-1)[..., 0]
+    return n, token
+
+
+class Sampler:
+    """Owns the random stream and applies one SamplingConfig to target and drafts alike."""
+
+    def __init__(self, cfg: SamplingConfig):
+        self.cfg = cfg
+        self._key = mx.random.key(cfg.seed if cfg.seed is not None else _fresh_seed())
+
+    def next_key(self) -> mx.array:
+        self._key, sub = mx.random.split(self._key)
+        return sub
+
+    def distribution(self, logits: mx.array, history: list[int], rows: list[int]) -> mx.array:
+        """Processed probabilities [n, V] for logits [n, V] (T > 0 only)."""
+        return probabilities(penalize(logits, history, rows, self.cfg), self.cfg)
+
+    def draft_token(self, logits: mx.array, history: list[int]) -> tuple[mx.array, mx.array | None]:
+        """A drafter's choice from its last logits [V]: (token, q) — q is None when greedy."""
+        logits = penalize(logits[None], history, [], self.cfg)
+        if self.cfg.greedy:
+            return mx.argmax(logits[0], axis=-1), None
+        q = probabilities(logits, self.cfg)[0]
+        return categorical(q, self.next_key()), q
+
+    def verify(
+        self, target_logits: mx.array, history: list[int], drafts: list[int], q: mx.array | None
+    ) -> Verdict:
+        """Decide a round: target_logits [k+1, V] for the positions after history, drafts[:i]."""
+        logits = penalize(target_logits, history, drafts, self.cfg)
+        if self.cfg.greedy:
+            return verify_greedy(logits, drafts)
+        p = probabilities(logits, self.cfg)
+        if not drafts:
+            return Verdict(0, categorical(p[0], self.next_key()).item())
+        n, token = rejection_sample(p, q, mx.array(drafts), self.next_key())
+        mx.eval(n, token)
+        return Verdict(n.item(), token.item())
+
+
+def _fresh_seed() -> int:
+    import secrets
+
+    return secrets.randbits(32)

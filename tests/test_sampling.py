@@ -1,0 +1,151 @@
+"""The acceptance rule is lossless: statistical checks of rejection sampling, and logits processing."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from mlx_spec.sampling import (
+    Sampler,
+    SamplingConfig,
+    categorical,
+    penalize,
+    probabilities,
+    rejection_sample,
+    verify_greedy,
+)
+
+V, K, N = 6, 3, 60_000
+
+
+def _random_dists(rng, rows):
+    x = rng.gamma(0.7, size=(rows, V))
+    return x / x.sum(-1, keepdims=True)
+
+
+def _round(p_np, q_np, seed, q_claimed=None):
+    """N independent rounds of k=3 drafts from q; returns (n accepted, emitted token) arrays."""
+    key_d, key_r = mx.random.split(mx.random.key(seed))
+    p = mx.broadcast_to(mx.array(p_np, mx.float32), (N, K + 1, V))
+    q = mx.broadcast_to(mx.array(q_np, mx.float32), (N, K, V))
+    drafts = categorical(q, key_d)  # the drafts really are drawn from q
+    claimed = q if q_claimed is None else mx.broadcast_to(mx.array(q_claimed, mx.float32), q.shape)
+    n, token = rejection_sample(p, claimed, drafts, key_r)
+    return np.array(n), np.array(token), np.array(drafts)
+
+
+def _first_emitted(n, token, drafts):
+    """The first token a round emits: draft 1 if accepted, else the corrected token."""
+    return np.where(n > 0, drafts[:, 0], token)
+
+
+def _chi2_p(samples, probs):
+    counts = np.bincount(samples, minlength=len(probs))
+    return chisquare(counts, probs * len(samples)).pvalue
+
+
+def test_first_token_is_distributed_as_target():
+    rng = np.random.default_rng(0)
+    p, q = _random_dists(rng, K + 1), _random_dists(rng, K)
+    n, token, drafts = _round(p, q, seed=1)
+    pval = _chi2_p(_first_emitted(n, token, drafts), p[0])
+    assert pval > 0.01, pval
+
+
+def test_second_token_given_first_accepted_is_distributed_as_target():
+    rng = np.random.default_rng(2)
+    p, q = _random_dists(rng, K + 1), _random_dists(rng, K)
+    n, token, drafts = _round(p, q, seed=3)
+    sel = n >= 1  # position 2 is reached only after draft 1 was accepted
+    second = np.where(n[sel] > 1, drafts[sel, 1], token[sel])
+    assert _chi2_p(second, p[1]) > 0.01
+
+
+def test_identical_draft_is_always_accepted_and_bonus_comes_from_p():
+    rng = np.random.default_rng(4)
+    p = _random_dists(rng, K + 1)
+    n, token, _ = _round(p, p[:K], seed=5)
+    assert (n == K).all()  # p/q = 1: nothing is ever rejected
+    assert _chi2_p(token, p[K]) > 0.01
+
+
+def test_acceptance_rate_matches_theory():
+    # P(accept draft 1) = sum_x min(p(x), q(x))
+    rng = np.random.default_rng(6)
+    p, q = _random_dists(rng, K + 1), _random_dists(rng, K)
+    n, _, _ = _round(p, q, seed=7)
+    expected = np.minimum(p[0], q[0]).sum()
+    assert abs((n > 0).mean() - expected) < 4 * np.sqrt(expected * (1 - expected) / N)
+
+
+def test_negative_control_wrong_draft_probabilities_are_detected():
+    """The same rule fed a draft distribution other than the one the drafts came from (as a
+    drafter lying about q would) must fail the test: proves the test has power."""
+    rng = np.random.default_rng(0)
+    p, q = _random_dists(rng, K + 1), _random_dists(rng, K)
+    uniform = np.full((K, V), 1.0 / V)
+    n, token, drafts = _round(p, q, seed=1, q_claimed=uniform)
+    assert _chi2_p(_first_emitted(n, token, drafts), p[0]) < 0.01
+
+
+def test_negative_control_exact_match_sampling_is_not_p():
+    """Also the 'accept if target sample == draft' shortcut with a resample from q ≠ p."""
+    rng = np.random.default_rng(8)
+    p, q = _random_dists(rng, 2), _random_dists(rng, 1)
+    x = rng.choice(V, size=N, p=q[0])
+    y = rng.choice(V, size=N, p=p[0])
+    wrong = np.where(x == y, x, rng.choice(V, size=N, p=q[0]))
+    assert _chi2_p(wrong, p[0]) < 0.01
+
+
+def test_greedy_accepts_longest_matching_prefix():
+    logits = mx.array(np.eye(5, 8) * 5.0)  # argmax of row i is i
+    v = verify_greedy(logits, [0, 1, 7, 3])
+    assert (v.num_accepted, v.token) == (2, 2)
+    v = verify_greedy(logits, [0, 1, 2, 3])
+    assert (v.num_accepted, v.token) == (4, 4)
+    v = verify_greedy(logits, [5, 1])
+    assert (v.num_accepted, v.token) == (0, 0)
+
+
+def test_top_k_top_p_min_p():
+    logits = mx.log(mx.array([[0.5, 0.25, 0.15, 0.1]]))
+    p = np.array(probabilities(logits, SamplingConfig(temperature=1.0, top_k=2)))[0]
+    np.testing.assert_allclose(p, [2 / 3, 1 / 3, 0, 0], atol=1e-6)
+    p = np.array(probabilities(logits, SamplingConfig(temperature=1.0, top_p=0.7)))[0]
+    np.testing.assert_allclose(p, [2 / 3, 1 / 3, 0, 0], atol=1e-6)  # 0.5 < 0.7, 0.75 >= 0.7
+    p = np.array(probabilities(logits, SamplingConfig(temperature=1.0, min_p=0.25)))[0]
+    np.testing.assert_allclose(p, [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0], atol=1e-6)
+    p = np.array(probabilities(logits, SamplingConfig(temperature=0.5)))[0]
+    ref = np.array([0.5, 0.25, 0.15, 0.1]) ** 2
+    np.testing.assert_allclose(p, ref / ref.sum(), atol=1e-6)
+
+
+def test_repetition_penalty_sees_each_rows_own_history():
+    cfg = SamplingConfig(repetition_penalty=2.0, repetition_context=4)
+    logits = mx.ones((3, 6))
+    out = np.array(penalize(logits, history=[0, 1], rows=[2, 3], cfg=cfg))
+    # row 0 after [0, 1]; row 1 after [0, 1, 2]; row 2 after [0, 1, 2, 3]
+    np.testing.assert_allclose(out[0], [0.5, 0.5, 1, 1, 1, 1])
+    np.testing.assert_allclose(out[1], [0.5, 0.5, 0.5, 1, 1, 1])
+    np.testing.assert_allclose(out[2], [0.5, 0.5, 0.5, 0.5, 1, 1])
+    neg = np.array(penalize(-mx.ones((1, 3)), history=[1], rows=[], cfg=cfg))
+    np.testing.assert_allclose(neg[0], [-1, -2, -1])
+
+
+def test_sampler_applies_the_same_processing_to_target_and_draft():
+    cfg = SamplingConfig(temperature=0.7, top_k=3, repetition_penalty=1.3, seed=0)
+    s = Sampler(cfg)
+    logits = mx.random.normal((1, 10), key=mx.random.key(0))
+    _, q = s.draft_token(logits[0], history=[1, 2])
+    p = s.distribution(logits, history=[1, 2], rows=[])
+    np.testing.assert_allclose(np.array(q), np.array(p[0]), atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5),
+                                 dict(top_k=-1), dict(min_p=1.0), dict(repetition_penalty=0)])
+def test_bad_sampling_options_are_rejected(bad):
+    with pytest.raises(ValueError):
+        SamplingConfig(**bad)
