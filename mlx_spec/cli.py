@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a real process (not a test calling main): use OpenBLAS where installed
+        from ._platform import maybe_preload_openblas
+
+        maybe_preload_openblas(sys.argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "generate":

@@ -194,7 +194,8 @@ class Engine:
                 generated.append(tok)
                 if not ttft:
                     ttft = time.perf_counter() - t0
-                yield TokenEvent(tok, decoder.add(tok), kind, pos + 1 if kind is Kind.ACCEPTED else 0)
+                position = pos + 1 if kind is Kind.ACCEPTED else 0
+                yield TokenEvent(tok, decoder.add(tok), kind, position)
             if reason:
                 finish = reason
                 break

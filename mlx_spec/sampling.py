@@ -51,7 +51,9 @@ class SamplingConfig:
         return self.temperature == 0
 
 
-def penalize(logits: mx.array, history: list[int], rows: list[int], cfg: SamplingConfig) -> mx.array:
+def penalize(
+    logits: mx.array, history: list[int], rows: list[int], cfg: SamplingConfig
+) -> mx.array:
     """Repetition penalty for n rows of logits [n, V].
 
     Row r is conditioned on history + rows[:r] (rows are the tokens fed after the history, so the

@@ -49,7 +49,8 @@ def _scale_head(model) -> None:
     greedy decoding is well defined, as in a trained model."""
     norm = model.model.norm
     # gemma's RMSNorm scales by (1 + weight)
-    norm.weight = mx.full(norm.weight.shape, 3.0) if "gemma" in model.model_type else norm.weight * 4
+    gemma = "gemma" in model.model_type
+    norm.weight = mx.full(norm.weight.shape, 3.0) if gemma else norm.weight * 4
     mx.eval(model.parameters())
 
 

@@ -1,4 +1,4 @@
-"""The acceptance rule is lossless: statistical checks of rejection sampling, and logits processing."""
+"""The acceptance rule is lossless (statistical checks), and logits processing is right."""
 
 from __future__ import annotations
 

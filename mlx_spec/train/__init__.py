@@ -1,1 +1,1 @@
-"""Training code: the demo tokenizer and target, and drafter distillation (MTP head, draft model)."""
+"""Training: the demo tokenizer and target, and drafter distillation (MTP head, draft model)."""

@@ -27,7 +27,7 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
 
 
 def is_held_out(path: Path) -> bool:
-    """A stable file-level split: a hash of the relative name decides, so it never depends on order."""
+    """A stable file-level split decided by a hash of the name, never by order."""
     digest = hashlib.sha256(path.name.encode() + str(path.parent.name).encode()).digest()
     return digest[0] * 100 // 256 < HELD_OUT_PERCENT
 

@@ -1,4 +1,4 @@
-"""Build and save standard mlx-lm model directories (config.json + model.safetensors + tokenizer)."""
+"""Build and save standard mlx-lm model directories (config, safetensors, tokenizer)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def lr_schedule(cfg: TrainConfig):
 
 
 def batches(tokens: np.ndarray, cfg: TrainConfig, start_step: int):
-    """Random windows; the generator is re-seeded from (seed, step) so a resume sees the same data."""
+    """Random windows, re-seeded from (seed, step) so a resumed run sees the same data."""
     for step in range(start_step, cfg.steps):
         rng = np.random.default_rng((cfg.seed, step))
         starts = rng.integers(0, len(tokens) - cfg.seq_len - 1, cfg.batch_size)

@@ -1,0 +1,97 @@
+"""The `mlx-spec generate` contract: JSON output, and one clear line + exit 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import ARCHS
+
+from mlx_spec.cli import main
+from mlx_spec.train.modeldir import build_model, save_model_dir
+
+
+def gen(*args):
+    return main(["generate", *map(str, args)])
+
+
+def test_json_output_matches_target_only(model_dirs, capsys):
+    target = model_dirs("llama")
+    assert gen("--model", target, "--draft-model", model_dirs("llama", 1), "--prompt", "def f",
+               "--raw", "--max-tokens", 12, "--json", "-k", 3) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert set(spec) >= {"prompt_ids", "tokens", "kinds", "text", "stats"}
+    assert spec["stats"]["drafter"] == "draft" and spec["stats"]["target_passes"] > 0
+    assert set(spec["kinds"]) <= {"accepted", "corrected", "bonus", "target"}
+    assert gen("--model", target, "--drafter", "none", "--prompt", "def f", "--raw",
+               "--max-tokens", 12, "--json") == 0
+    base = json.loads(capsys.readouterr().out)
+    assert base["prompt_ids"] == spec["prompt_ids"]
+    assert base["tokens"] == spec["tokens"]  # same greedy output (tiny model: no near-tie here)
+    assert set(base["kinds"]) == {"target"}
+    assert base["text"] == spec["text"]
+
+
+def test_chat_template_is_applied_unless_raw(model_dirs, capsys):
+    target = model_dirs("qwen3")
+    gen("--model", target, "--prompt", "hi", "--max-tokens", 2, "--json")
+    chat = json.loads(capsys.readouterr().out)["prompt_ids"]
+    gen("--model", target, "--prompt", "hi", "--max-tokens", 2, "--json", "--raw")
+    raw = json.loads(capsys.readouterr().out)["prompt_ids"]
+    assert len(chat) > len(raw)
+
+
+@pytest.fixture(scope="module")
+def bad_dirs(tmp_path_factory, model_dirs, tokenizer_dir):
+    root = tmp_path_factory.mktemp("bad")
+    corrupt_cfg = root / "corrupt-config"
+    shutil.copytree(model_dirs("llama"), corrupt_cfg)
+    (corrupt_cfg / "config.json").write_text("{not json")
+    corrupt_w = root / "corrupt-weights"
+    shutil.copytree(model_dirs("llama"), corrupt_w)
+    (corrupt_w / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    other_vocab = root / "other-vocab"
+    cfg = dict(ARCHS["llama"], vocab_size=500)
+    save_model_dir(other_vocab, build_model(cfg), cfg, tokenizer_dir=tokenizer_dir)
+    return {"corrupt-config": corrupt_cfg, "corrupt-weights": corrupt_w, "other-vocab": other_vocab}
+
+
+@pytest.mark.parametrize("case,args,needle", [
+    ("missing", ["--model", "/nonexistent/model"], "not found"),
+    ("corrupt-config", [], "corrupt config.json"),
+    ("corrupt-weights", [], "cannot load model"),
+    ("vocab", [], "vocabulary (500) differs"),
+    ("k0", ["-k", "0"], "num-draft must be >= 1"),
+    ("temp", ["--temp", "-1"], "temperature must be >= 0"),
+    ("top-p", ["--top-p", "1.5"], "top-p must be in (0, 1]"),
+    ("empty", ["--prompt", ""], "prompt is empty"),
+    ("too-long", ["--prompt", "def " * 700], "model's context is 512"),
+])
+def test_bad_input_is_one_line_and_exit_2(model_dirs, bad_dirs, capsys, case, args, needle):
+    model = {"corrupt-config": bad_dirs["corrupt-config"],
+             "corrupt-weights": bad_dirs["corrupt-weights"]}.get(case, model_dirs("llama"))
+    base = ["--model", model, "--prompt", "x", "--raw", "--max-tokens", 4]
+    if case == "vocab":
+        base += ["--draft-model", bad_dirs["other-vocab"]]
+    assert gen(*base, *args) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_real_process_prints_no_traceback(model_dirs, tmp_path):
+    """The installed entry point, as a user runs it."""
+    cmd = [sys.executable, "-m", "mlx_spec.cli", "generate", "--model", str(tmp_path / "nope"),
+           "--prompt", "x"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("mlx-spec: error:") and "Traceback" not in r.stderr
+    ok = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "generate", "--model",
+                         str(model_dirs("llama")), "--prompt", "héllo 日本", "--raw",
+                         "--max-tokens", "20"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip()
+    assert "tok/s" in ok.stderr and "finish length" in ok.stderr
