@@ -1,0 +1,294 @@
+"""Multi-token-prediction heads that read the target's own state.
+
+Two kinds behind one drafter class:
+
+* shared-kv (the product's drafter, as Gemma 4's assistant drafters do): a few small layers whose
+  attention owns no K/V. Queries attend straight over the target's cache of one layer (no copy,
+  unified memory). Input per step: concat(embed(last token) · scale, h) → pre-projection →
+  layers → post-projection → h'. h' is fed back as the next step's h, and the target's own
+  (shared) LM head turns h' into logits. The drafter keeps no cache at all.
+* deepseek (DeepSeek-V3 / Qwen3.5 style MTP module): h' = Block(Linear(concat(RMSNorm(emb),
+  RMSNorm(h)))), a full transformer block with its own one-layer KV cache, again on the shared head.
+
+Both need the target's final hidden state h_t at every committed position t: the verify pass
+already computed it (hidden[i] predicted token i+1), so drafting costs no extra target pass. The
+head predicts token t+2 from h_t and token t+1.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models import llama
+
+from .. import cache as kv
+from ..errors import ModelLoadError, TokenizerMismatchError
+from ..model import TargetModel
+from ..sampling import Sampler
+from .base import Draft, DraftContext
+
+CONFIG_FILE = "mtp_config.json"
+WEIGHTS_FILE = "mtp.safetensors"
+
+
+@dataclass(frozen=True)
+class MTPConfig:
+    kind: str  # "shared-kv" | "deepseek"
+    target_hidden_size: int
+    vocab_size: int
+    hidden_size: int  # the head's own width (shared-kv); = target_hidden_size for deepseek
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 1  # deepseek only (shared-kv uses the target's K/V heads)
+    head_dim: int = 64  # shared-kv: must equal the target's head_dim
+    intermediate_size: int = 512
+    kv_layer: int = -1  # shared-kv: which target layer's K/V the queries read
+    embed_scale: float = 1.0  # e.g. sqrt(d) for Gemma, whose embeddings are scaled in the model
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0  # deepseek only
+
+    @classmethod
+    def for_target(cls, target: TargetModel, kind: str = "shared-kv", **kw) -> MTPConfig:
+        """A head shaped to fit `target` (its hidden size, vocabulary, attention geometry)."""
+        args = target.model.args
+        attn = target.model.layers[-1].self_attn
+        head_dim = getattr(attn, "head_dim", None) or args.hidden_size // args.num_attention_heads
+        defaults = dict(
+            kind=kind,
+            target_hidden_size=args.hidden_size,
+            vocab_size=target.vocab_size,
+            hidden_size=args.hidden_size,
+            head_dim=head_dim,
+            num_heads=args.num_attention_heads,
+            num_kv_heads=args.num_key_value_heads,
+            intermediate_size=args.intermediate_size,
+            rms_norm_eps=args.rms_norm_eps,
+            rope_theta=float(getattr(args, "rope_theta", 10000.0) or 10000.0),
+            embed_scale=args.hidden_size**0.5 if "gemma" in args.model_type else 1.0,
+        )
+        defaults.update(kw)
+        return cls(**defaults)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SharedKVLayer(nn.Module):
+    """Pre-norm block whose attention has queries only; K/V come from the target."""
+
+    def __init__(self, cfg: MTPConfig):
+        super().__init__()
+        d, h, hd = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+        self.num_heads, self.head_dim = h, hd
+        self.input_layernorm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(d, h * hd, bias=False)
+        self.q_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
+        self.o_proj = nn.Linear(h * hd, d, bias=False)
+        self.post_attention_layernorm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.mlp = SwiGLU(d, cfg.intermediate_size)
+
+    def __call__(self, x, keys, values, rope, offset, mask):
+        B, L, _ = x.shape
+        q = self.q_proj(self.input_layernorm(x)).reshape(B, L, self.num_heads, self.head_dim)
+        q = rope(self.q_norm(q).transpose(0, 2, 1, 3), offset=offset)
+        # the target's keys carry RoPE at their absolute positions, so q·k sees relative offsets
+        o = mx.fast.scaled_dot_product_attention(
+            q, keys, values, scale=self.head_dim**-0.5, mask=mask
+        )
+        x = x + self.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class SharedKVHead(nn.Module):
+    def __init__(self, cfg: MTPConfig):
+        super().__init__()
+        self.pre_projection = nn.Linear(2 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.layers = [SharedKVLayer(cfg) for _ in range(cfg.num_layers)]
+        self.post_projection = nn.Linear(cfg.hidden_size, cfg.target_hidden_size, bias=False)
+        self.norm = nn.RMSNorm(cfg.target_hidden_size, eps=cfg.rms_norm_eps)
+
+    def __call__(self, emb, h, keys, values, rope, offset, mask=None):
+        x = self.pre_projection(mx.concatenate([emb, h], axis=-1))
+        for layer in self.layers:
+            x = layer(x, keys, values, rope, offset, mask)
+        return self.norm(self.post_projection(x))  # target-space h': head input and next h
+
+
+class DeepSeekHead(nn.Module):
+    def __init__(self, cfg: MTPConfig):
+        super().__init__()
+        d = cfg.target_hidden_size
+        self.enorm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.hnorm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * d, d, bias=False)
+        args = llama.ModelArgs(
+            model_type="llama", hidden_size=d, num_hidden_layers=1,
+            intermediate_size=cfg.intermediate_size, num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            rms_norm_eps=cfg.rms_norm_eps, vocab_size=cfg.vocab_size, rope_theta=cfg.rope_theta,
+        )
+        self.block = llama.TransformerBlock(args)
+        self.norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+
+    def __call__(self, emb, h, cache=None, mask=None):
+        x = self.eh_proj(mx.concatenate([self.enorm(emb), self.hnorm(h)], axis=-1))
+        return self.norm(self.block(x, mask, cache))
+
+
+def make_head(cfg: MTPConfig) -> nn.Module:
+    return SharedKVHead(cfg) if cfg.kind == "shared-kv" else DeepSeekHead(cfg)
+
+
+class HiddenHistory:
+    """The target's final hidden state at every position of its cache (a growing buffer)."""
+
+    def __init__(self, dim: int):
+        self.dim, self.buf, self.n = dim, None, 0
+
+    def set(self, start: int, hidden: mx.array | None, length: int) -> None:
+        """Rows [start, start+len(hidden)) := hidden; then keep exactly `length` rows."""
+        if hidden is not None and len(hidden):
+            end = start + hidden.shape[0]
+            if self.buf is None or end > self.buf.shape[0]:
+                grown = mx.zeros((max(256, 2 * end), self.dim), hidden.dtype)
+                if self.buf is not None and start:
+                    grown[:start] = self.buf[:start]
+                self.buf = grown
+            self.buf[start:end] = hidden
+        self.n = length
+
+    def rows(self, start: int, end: int) -> mx.array:
+        """Rows [start, end); row -1 (before the first token) is zeros."""
+        pad = max(0, -start)
+        out = self.buf[max(start, 0) : end] if end > max(start, 0) else None
+        zeros = mx.zeros((pad, self.dim), self.buf.dtype if self.buf is not None else mx.float32)
+        return out if not pad else zeros if out is None else mx.concatenate([zeros, out])
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.nbytes if self.buf is not None else 0
+
+
+def target_kv(cache: Any) -> tuple[mx.array, mx.array]:
+    """A layer's stored K/V as plain arrays (dequantized if the cache is quantized)."""
+    k, v = cache.keys_and_values() if hasattr(cache, "keys_and_values") else cache.state[:2]
+    if isinstance(k, tuple | list):
+        k = mx.dequantize(*k, group_size=cache.group_size, bits=cache.bits)
+        v = mx.dequantize(*v, group_size=cache.group_size, bits=cache.bits)
+    return k, v
+
+
+class MTPDrafter:
+    name = "mtp"
+    needs_hidden = True
+
+    def __init__(self, head: nn.Module, cfg: MTPConfig, target: TargetModel):
+        if cfg.vocab_size != target.vocab_size:
+            raise TokenizerMismatchError(
+                f"MTP head vocabulary ({cfg.vocab_size}) differs from the target's "
+                f"({target.vocab_size})"
+            )
+        if cfg.target_hidden_size != target.hidden_size:
+            raise ModelLoadError(
+                f"MTP head expects hidden size {cfg.target_hidden_size}, the target has "
+                f"{target.hidden_size}"
+            )
+        if not target.exposes_hidden():
+            raise ModelLoadError(f"{target.model.model_type}: final hidden state not reachable")
+        self.head, self.cfg, self.target = head, cfg, target
+        if cfg.kind == "shared-kv":
+            layer = target.model.layers[cfg.kv_layer].self_attn
+            self.rope = layer.rope  # the target's own RoPE, so positions match its keys exactly
+            self.name = "mtp"
+        else:
+            self.name = "mtp-deepseek"
+        self.reset()
+
+    def reset(self) -> None:
+        self.hist = HiddenHistory(self.cfg.target_hidden_size)
+        self.cache = [kv.KVCache()] if self.cfg.kind == "deepseek" else []
+        self.trusted = 0  # deepseek: cache entries built from the target's own hidden states
+
+    def commit(self, ctx: DraftContext, valid: int) -> None:
+        self.hist.set(ctx.hidden_start, ctx.hidden, len(ctx.tokens) - 1)
+        if self.cache:
+            # entries from draft steps 2.. were built on the head's own h', never the target's:
+            # they go even when their tokens were accepted (recompute would use the target's h)
+            keep = min(kv.length(self.cache), self.trusted, valid)
+            kv.trim_to(self.cache, keep)
+            self.trusted = keep
+
+    def _embed(self, tokens: list[int]) -> mx.array:
+        return self.target.embed(mx.array(tokens)[None]) * self.cfg.embed_scale
+
+    def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
+        n = len(ctx.tokens)
+        if n < 2 or self.hist.n != n - 1:
+            return Draft()
+        history = ctx.tokens[-sampler.cfg.repetition_context :]
+        if self.cfg.kind == "shared-kv":
+            keys, values = target_kv(ctx.target_cache[self.cfg.kv_layer])
+
+            def step(tokens, h, pos):
+                return self.head(self._embed(tokens), h, keys, values, self.rope, pos)
+
+            h = step(ctx.tokens[-1:], self.hist.rows(n - 2, n - 1)[None], n - 1)
+        else:
+            start = kv.length(self.cache)  # catch up on every committed position not yet seen
+
+            def step(tokens, h, pos):
+                mask = "causal" if len(tokens) > 1 else None
+                return self.head(self._embed(tokens), h, self.cache[0], mask)
+
+            h = step(ctx.tokens[start:], self.hist.rows(start - 1, n - 1)[None], start)
+            self.trusted = n
+        tokens, probs = [], []
+        for j in range(k):
+            logits = self.target.head(h[:, -1:])[0, -1]
+            token, q = sampler.draft_token(logits, history + tokens)
+            tokens.append(token.item())
+            if q is not None:
+                probs.append(q)
+            if j + 1 < k:
+                h = step(tokens[-1:], h[:, -1:], n + j)
+        return Draft(tokens, mx.stack(probs) if probs else None)
+
+    def nbytes(self) -> int:
+        weights = sum(v.nbytes for _, v in tree_flatten(self.head.parameters()))
+        return weights + self.hist.nbytes + kv.nbytes(self.cache)
+
+
+def save_mtp(out: Path, head: nn.Module, cfg: MTPConfig, extra: dict | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / WEIGHTS_FILE), dict(tree_flatten(head.parameters())))
+    (out / CONFIG_FILE).write_text(json.dumps({**asdict(cfg), **(extra or {})}, indent=2))
+
+
+def load_mtp_drafter(path: str | Path, target: TargetModel) -> MTPDrafter:
+    path = Path(path).expanduser()
+    try:
+        raw = json.loads((path / CONFIG_FILE).read_text())
+        fields = MTPConfig.__dataclass_fields__
+        cfg = MTPConfig(**{k: v for k, v in raw.items() if k in fields})
+        head = make_head(cfg)
+        head.load_weights(str(path / WEIGHTS_FILE), strict=True)
+        mx.eval(head.parameters())
+    except FileNotFoundError as e:
+        raise ModelLoadError(f"not an MTP head directory: {path} ({Path(e.filename).name} missing)")
+    except Exception as e:
+        raise ModelLoadError(f"cannot load MTP head {path}: {str(e).splitlines()[0]}") from e
+    return MTPDrafter(head, cfg, target)

@@ -1,0 +1,105 @@
+"""The MTP drafters obey every losslessness rule of the engine: greedy identity, caches (the
+target's and the drafter's own state) equal a recompute, and T>0 samples the target distribution."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import assert_cache_equals_recompute, assert_same_or_near_tie
+from test_engine_greedy import PROMPT, run
+from test_engine_sampling import CFG, chi2_pvalue, sample_pairs, target_joint
+
+from mlx_spec import cache as kv
+from mlx_spec.drafters.mtp import MTPConfig, MTPDrafter, load_mtp_drafter, make_head, save_mtp
+from mlx_spec.engine import Engine
+from mlx_spec.errors import ModelLoadError, TokenizerMismatchError
+from mlx_spec.sampling import SamplingConfig
+
+
+def make_drafter(target, kind, seed=0):
+    mx.random.seed(seed)
+    cfg = MTPConfig.for_target(target, kind, hidden_size=48, num_layers=2, intermediate_size=96)
+    head = make_head(cfg)
+    mx.eval(head.parameters())
+    return MTPDrafter(head, cfg, target)
+
+
+def checked(engine):
+    original = engine.commit
+
+    def commit(new, valid, hidden):
+        original(new, valid, hidden)
+        committed = engine.tokens[:-1]
+        assert_cache_equals_recompute(engine.target, engine.cache, committed)
+        d = engine.drafter
+        # the drafter's copy of the target's hidden states == a from-scratch forward
+        fresh = kv.make_cache(engine.target.model)
+        _, h = engine.target.forward(committed, fresh, hidden=True)
+        assert d.hist.n == len(committed)
+        np.testing.assert_allclose(np.array(d.hist.rows(0, d.hist.n)), np.array(h), atol=2e-4)
+        if d.cache:  # deepseek: its own cache == recompute from the target's hidden states
+            n = kv.length(d.cache)
+            assert n <= len(engine.tokens)
+            ref = [kv.KVCache()]
+            d.head(d._embed(engine.tokens[:n]), d.hist.rows(-1, n - 1)[None], ref[0], "causal")
+            got_k, _ = d.cache[0].keys_and_values()
+            want_k, _ = ref[0].keys_and_values()
+            np.testing.assert_allclose(np.array(got_k), np.array(want_k), atol=2e-4)
+
+    engine.commit = commit
+
+
+@pytest.mark.parametrize("kind", ["shared-kv", "deepseek"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3_text"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_mtp_greedy_identity_and_state(load, kind, arch, k):
+    target, tok = load(arch)
+    baseline, _ = run(Engine(target, tok, None))
+    engine = Engine(target, tok, make_drafter(target, kind), num_draft=k)
+    checked(engine)
+    end, events = run(engine)
+    assert_same_or_near_tie(target, PROMPT, list(end.tokens), list(baseline.tokens))
+    assert end.stats.drafted > 0 and end.stats.drafter_bytes > 0
+    # multi-turn: the second turn reuses the prefix, the drafter follows the rollback
+    turn2 = PROMPT + list(end.tokens)[:5] + [9, 10]
+    again, _ = run(engine, prompt=turn2, max_tokens=10)
+    fresh, _ = run(Engine(target, tok, None), prompt=turn2, max_tokens=10)
+    assert_same_or_near_tie(target, turn2, list(again.tokens), list(fresh.tokens))
+
+
+@pytest.mark.parametrize("kind", ["shared-kv", "deepseek"])
+def test_mtp_sampling_matches_target_distribution(load, kind):
+    target, tok = load("qwen3")
+    engine = Engine(target, tok, make_drafter(target, kind), num_draft=2)
+    pairs = sample_pairs(engine, CFG)
+    pval = chi2_pvalue(pairs, target_joint(target, SamplingConfig(**CFG)))
+    print(f"{kind} χ² p = {pval:.3f}")
+    assert pval > 0.01
+
+
+def test_save_load_and_mismatch_errors(load, tmp_path):
+    target, _ = load("qwen3")
+    d = make_drafter(target, "shared-kv")
+    save_mtp(tmp_path / "mtp", d.head, d.cfg)
+    again = load_mtp_drafter(tmp_path / "mtp", target)
+    x = mx.ones((1, 1, d.cfg.target_hidden_size))
+    assert again.cfg == d.cfg
+    emb = target.embed(mx.array([[3]]))
+    cache = kv.make_cache(target.model)
+    target.forward([1, 2, 3], cache)
+    kk, vv = cache[-1].keys_and_values()
+    a = d.head(emb, x, kk, vv, d.rope, 3)
+    b = again.head(emb, x, kk, vv, again.rope, 3)
+    assert mx.allclose(a, b).item()
+    cfg_file = tmp_path / "mtp" / "mtp_config.json"
+    good = cfg_file.read_text()
+    cfg_file.write_text(good.replace(f'"vocab_size": {d.cfg.vocab_size}', '"vocab_size": 999'))
+    with pytest.raises(TokenizerMismatchError, match="999"):
+        load_mtp_drafter(tmp_path / "mtp", target)
+    cfg_file.write_text(good)
+    with pytest.raises(ModelLoadError, match="not an MTP head"):
+        load_mtp_drafter(tmp_path, target)
+    (tmp_path / "mtp" / "mtp.safetensors").write_bytes(b"junk")
+    with pytest.raises(ModelLoadError, match="cannot load MTP head"):
+        load_mtp_drafter(tmp_path / "mtp", target)
