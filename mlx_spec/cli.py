@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default=None)
     t.add_argument("--kind", choices=["shared-kv", "deepseek"], default="shared-kv")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--batch-size", type=_positive_int, default=8)
+    t.add_argument("--seq-len", type=_positive_int, default=192)
 
     b = sub.add_parser("bench", help="side-by-side speed benchmark")
     b.add_argument("--quick", action="store_true")

@@ -288,7 +288,8 @@ def load_mtp_drafter(path: str | Path, target: TargetModel) -> MTPDrafter:
         head.load_weights(str(path / WEIGHTS_FILE), strict=True)
         mx.eval(head.parameters())
     except FileNotFoundError as e:
-        raise ModelLoadError(f"not an MTP head directory: {path} ({Path(e.filename).name} missing)")
+        missing = Path(e.filename or CONFIG_FILE).name
+        raise ModelLoadError(f"not an MTP head directory: {path} ({missing} missing)") from None
     except Exception as e:
         raise ModelLoadError(f"cannot load MTP head {path}: {str(e).splitlines()[0]}") from e
     return MTPDrafter(head, cfg, target)

@@ -64,7 +64,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("runs/demo"))
     ap.add_argument("--stage", choices=["tokenizer", "target", "drafters", "all"], default="all")
-    ap.add_argument("--target-steps", type=int, default=1600)
+    ap.add_argument("--target-steps", type=int, default=1300)
+    ap.add_argument("--mtp-steps", type=int, default=1500)
+    ap.add_argument("--draft-steps", type=int, default=1000)
+    ap.add_argument("--out", type=Path, default=Path("assets/models"))
     args = ap.parse_args(argv)
     tok_dir = build_tokenizer(args.work)
     train = encode_split(args.work, tok_dir, "train")
@@ -78,6 +81,57 @@ def main(argv: list[str] | None = None) -> None:
         model = train_lm(TARGET_CONFIG, train, held, cfg, args.work / "target-train",
                          log=lambda s: print(s, flush=True))
         save_model_dir(args.work / "target", model, TARGET_CONFIG, tokenizer_dir=tok_dir)
+    if args.stage in ("drafters", "all"):
+        build_drafters(args, tok_dir, train)
+
+
+DRAFT_CONFIG = dict(TARGET_CONFIG, hidden_size=96, num_hidden_layers=2, intermediate_size=256,
+                    num_attention_heads=3, head_dim=32)
+
+
+def build_drafters(args, tok_dir: Path, train: np.ndarray) -> None:
+    """Distil the MTP head and the draft model from the trained target; write assets/models/."""
+    import json
+    import shutil
+
+    import mlx.core as mx
+    from mlx_lm.utils import quantize_model
+
+    from ..drafters.mtp import MTPConfig
+    from ..loading import load_target
+    from .distill import DistillConfig, build_training_set, distill_draft_model, distill_mtp
+    from .modeldir import save_model_dir
+
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    target, _ = load_target(args.work / "target")
+    dc = DistillConfig(steps=args.mtp_steps, batch_size=8, seq_len=192, lr=2e-3, depth=4)
+    data_path = args.work / "distill-data.npy"
+    if not data_path.exists():
+        np.save(data_path, build_training_set(target, train, dc, n_generated=512, log=log))
+    data = np.load(data_path)
+    cfg = MTPConfig.for_target(target, "shared-kv", hidden_size=128, num_layers=2,
+                               num_heads=4, intermediate_size=384)
+    mtp_dir = args.work / "mtp"
+    if not (mtp_dir / "mtp.safetensors").exists():
+        distill_mtp(target, data, cfg, dc, mtp_dir)
+    draft_dir = args.out / "demo-draft"
+    if not (draft_dir / "model.safetensors").exists():
+        ddc = DistillConfig(steps=args.draft_steps, batch_size=8, seq_len=192, lr=3e-3)
+        student = distill_draft_model(target, data, DRAFT_CONFIG, ddc, args.work / "draft-train")
+        save_model_dir(draft_dir, student, DRAFT_CONFIG, tokenizer_dir=tok_dir, dtype=mx.bfloat16)
+    # the target in bf16 (f32 training, half the bytes) and its 8-bit quantized form
+    f32_dir, q8_dir = args.out / "demo-target", args.out / "demo-target-q8"
+    save_model_dir(f32_dir, target.model, TARGET_CONFIG, tokenizer_dir=tok_dir, dtype=mx.bfloat16)
+    qmodel, qconfig = quantize_model(target.model, dict(TARGET_CONFIG), group_size=64, bits=8)
+    save_model_dir(q8_dir, qmodel, qconfig, tokenizer_dir=tok_dir)
+    for d in (f32_dir, q8_dir):  # an MTP head installed beside each target is found by itself
+        shutil.copytree(mtp_dir, d / "mtp", dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("train"))
+    metrics = json.loads((args.work / "target-train" / "metrics.json").read_text())
+    (args.out / "build.json").write_text(json.dumps(
+        {"target_heldout_loss": metrics["heldout_loss"], "target_steps": metrics["steps"],
+         "mtp_steps": args.mtp_steps, "draft_steps": args.draft_steps,
+         "train_tokens": int(len(train))}, indent=2))
 
 
 if __name__ == "__main__":
