@@ -37,8 +37,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="auto: an MTP head found beside the model, else --draft-model, else none")
     p.add_argument("--draft-model", help="draft model (same tokenizer as the target)")
     p.add_argument("--mtp", help="MTP head directory (default: found beside the model)")
-    p.add_argument("--num-draft", "-k", default="4",
-                   help="tokens drafted per round (an integer >= 1, or 'auto')")
+    p.add_argument("--num-draft", "-k", default="auto",
+                   help="tokens drafted per round: an integer >= 1, or 'auto' (default: chosen "
+                        "each round from measured costs and acceptance)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--drafter", choices=["auto", "none", "draft", "mtp", "ngram"], default="auto")
     c.add_argument("--draft-model")
     c.add_argument("--mtp")
-    c.add_argument("--num-draft", "-k", default="4")
+    c.add_argument("--num-draft", "-k", default="auto")
 
     t = sub.add_parser("train-drafter", help="distil an MTP head for a target")
     t.add_argument("--target", required=True)
@@ -191,7 +192,8 @@ def summary_line(s: Any) -> str:
     line = (f"[{s.generated_tokens} tokens, {s.tok_s:.1f} tok/s, TTFT {s.ttft_s * 1000:.0f} ms, "
             f"drafter {s.drafter}")
     if s.drafter != "none":
-        line += (f" k={s.num_draft}, acceptance {s.acceptance_rate:.0%}, "
+        k = f"auto≤{s.num_draft} (mean {s.mean_draft:.1f})" if s.adaptive else str(s.num_draft)
+        line += (f" k={k}, acceptance {s.acceptance_rate:.0%}, "
                  f"{s.tokens_per_pass:.2f} tokens/pass")
     return line + f", finish {s.finish_reason}]"
 
@@ -206,7 +208,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         drafter=getattr(args, "drafter", "auto"),
         draft_model=getattr(args, "draft_model", None),
         mtp=getattr(args, "mtp", None),
-        num_draft=parse_num_draft(getattr(args, "num_draft", "4")),
+        num_draft=parse_num_draft(getattr(args, "num_draft", "auto")),
     )
 
 

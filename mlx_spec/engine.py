@@ -23,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 
 from . import cache as kv
+from .adaptive import AdaptiveDraftLength, measure_verify_costs
 from .detok import IncrementalDecoder
 from .drafters.base import Draft, DraftContext, Drafter
 from .errors import MlxSpecError, PromptTooLongError
@@ -42,13 +43,18 @@ class Engine:
         tokenizer: Any,
         drafter: Drafter | None = None,
         *,
-        num_draft: int = 4,
+        num_draft: int | str = 4,
+        max_draft: int = 8,
         kv_bits: int | None = None,
     ):
-        if num_draft < 1:
-            raise MlxSpecError(f"draft length must be >= 1, got {num_draft}")
+        """num_draft: tokens drafted per round, or "auto" (chosen each round, up to max_draft,
+        from measured verify costs and online acceptance; see adaptive.py)."""
+        if num_draft != "auto" and (not isinstance(num_draft, int) or num_draft < 1):
+            raise MlxSpecError(f"draft length must be >= 1 or 'auto', got {num_draft}")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
-        self.num_draft = num_draft
+        self.adaptive = num_draft == "auto"
+        self.num_draft = max_draft if self.adaptive else int(num_draft)
+        self.policy: AdaptiveDraftLength | None = None
         self.kv_bits = kv_bits
         self.eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
         self.reset()
@@ -72,6 +78,14 @@ class Engine:
 
     def _context(self, hidden: mx.array | None = None, start: int = 0) -> DraftContext:
         return DraftContext(self.target, self.tokens, self.cache, hidden, start)
+
+    def _policy(self) -> AdaptiveDraftLength | None:
+        """The adaptive draft-length policy, calibrated once (a few timed target passes)."""
+        if not self.adaptive or self.drafter is None:
+            return None
+        if self.policy is None:
+            self.policy = AdaptiveDraftLength(measure_verify_costs(self.target, self.num_draft))
+        return self.policy
 
     # -- the loop, as verbs --------------------------------------------------------------------
 
@@ -146,6 +160,7 @@ class Engine:
             )
         sampler = Sampler(sampling or SamplingConfig())
         k_max = num_draft or self.num_draft
+        policy = self._policy() if num_draft is None else None
         decoder = IncrementalDecoder(self.tokenizer)
         mx.reset_peak_memory()
         t0 = time.perf_counter()
@@ -163,11 +178,13 @@ class Engine:
                 finish = "context"
                 break
             remaining = max_tokens - len(generated)
-            k = 0 if self.drafter is None else min(k_max, remaining - 1)
-            k = min(k, self.target.context_length - len(self.tokens) - 1)
-            k = max(k, 0)
+            limit = min(remaining - 1, self.target.context_length - len(self.tokens) - 1)
+            if self.drafter is None or limit <= 0:
+                k = 0
+            else:
+                k = policy.choose(limit) if policy else min(k_max, limit)
 
-            t = time.perf_counter()
+            t, draft_before = time.perf_counter(), s.draft_s
             draft = self.draft(k, sampler)
             mx.eval(draft.probs) if draft.probs is not None else None
             s.draft_s += time.perf_counter() - t
@@ -179,6 +196,8 @@ class Engine:
             s.passes += 1
 
             n, k = verdict.num_accepted, len(draft.tokens)
+            if policy is not None:
+                policy.observe(k, n, s.draft_s - draft_before)
             new = draft.tokens[:n] + [verdict.token]
             kinds = [Kind.ACCEPTED] * n + [
                 Kind.TARGET if k == 0 else Kind.BONUS if n == k else Kind.CORRECTED
@@ -220,6 +239,7 @@ class Engine:
             kv_cache_bytes=kv.nbytes(self.cache),
             drafter=self.drafter.name if self.drafter is not None else "none",
             num_draft=k_max if self.drafter is not None else 0,
+            adaptive=policy is not None,
             finish_reason=finish,
         )
         yield TurnEnd(stats, finish, tuple(generated))

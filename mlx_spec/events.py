@@ -45,7 +45,8 @@ class TurnStats:
     drafter_bytes: int = 0
     kv_cache_bytes: int = 0
     drafter: str = "none"
-    num_draft: int = 0
+    num_draft: int = 0  # k, or the largest k when adaptive
+    adaptive: bool = False
     finish_reason: str = ""
 
     @property
@@ -64,6 +65,11 @@ class TurnStats:
         )
 
     @property
+    def mean_draft(self) -> float:
+        """Drafted tokens per target pass (the k actually used, on average)."""
+        return self.drafted / self.target_passes if self.target_passes else 0.0
+
+    @property
     def generation_s(self) -> float:
         return max(self.total_s - self.prefill_s, 1e-9)
 
@@ -76,6 +82,7 @@ class TurnStats:
         d.update(
             acceptance_rate=self.acceptance_rate,
             tokens_per_pass=self.tokens_per_pass,
+            mean_draft=self.mean_draft,
             per_position_acceptance=list(self.per_position_acceptance),
             generation_s=self.generation_s,
             tok_s=self.tok_s,

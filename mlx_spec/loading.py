@@ -76,7 +76,7 @@ def load_engine(
     drafter: str = "auto",
     draft_model: str | Path | None = None,
     mtp: str | Path | None = None,
-    num_draft: int | str = 4,
+    num_draft: int | str = "auto",
     kv_bits: int | None = None,
 ):
     """A ready Engine: target (default: the bundled demo), drafter, draft length.
@@ -100,8 +100,7 @@ def load_engine(
     if drafter == "auto":
         chosen = "draft" if draft_model else "mtp" if (mtp or find_mtp_head(model)) else "none"
     d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=mtp)
-    k = 4 if num_draft == "auto" else int(num_draft)
-    return Engine(target, tokenizer, d, num_draft=k, kv_bits=kv_bits)
+    return Engine(target, tokenizer, d, num_draft=num_draft, kv_bits=kv_bits)
 
 
 def make_drafter(kind: str, target: TargetModel, *, model_path=None, draft_model=None, mtp=None):

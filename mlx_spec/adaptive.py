@@ -1,0 +1,97 @@
+"""Choosing the draft length k each round to maximise expected tokens per second.
+
+With α_i the probability that draft i is accepted given that drafts 1..i-1 were, a round with k
+drafts emits on average E(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j tokens (the +1 is the target's own token)
+and costs T(k) = k·d + c(k+1), where c(q) is the target's measured cost to verify q tokens and d
+the drafter's cost per drafted token. We pick argmax_k E(k)/T(k), with k = 0 (plain decoding,
+E = 1, T = c(1)) whenever speculation cannot pay — e.g. a quantized target on a CPU, where c(q)
+grows linearly in q. While off, a probe round every `probe_every` rounds keeps the α estimates
+fresh so speculation switches back on when it can pay again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+
+from . import cache as kv
+from .model import TargetModel
+
+
+def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
+                         repeats: int = 3) -> tuple[float, ...]:
+    """Seconds for one target forward over q = 1..k_max+1 tokens after `context` tokens
+    (median of `repeats`, on a scratch cache)."""
+    cache = kv.make_cache(target.model, slack=k_max + 2)
+    prompt = [(i * 31) % max(2, target.vocab_size - 3) + 3 for i in range(context)]
+    logits, _ = target.forward(prompt, cache)
+    mx.eval(logits)
+    costs = []
+    for q in range(1, k_max + 2):
+        times = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            logits, _ = target.forward(prompt[:q], cache)
+            mx.eval(logits)
+            times.append(time.perf_counter() - t0)
+            kv.trim_to(cache, context)
+        costs.append(sorted(times[1:])[len(times[1:]) // 2])  # drop the warm-up, take median
+    return tuple(costs)
+
+
+class AdaptiveDraftLength:
+    """Online per-position acceptance + measured costs → k for the next round."""
+
+    def __init__(self, verify_costs: Sequence[float], *, draft_cost: float | None = None,
+                 prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.98,
+                 probe_every: int = 16):
+        self.costs = tuple(verify_costs)
+        self.k_max = len(self.costs) - 1
+        # α_i as (accepted, seen) with exponential forgetting, started at an optimistic prior
+        self.accepted = [prior * prior_weight] * self.k_max
+        self.seen = [prior_weight] * self.k_max
+        self.draft_cost = draft_cost if draft_cost is not None else 0.1 * self.costs[0]
+        self.decay, self.probe_every = decay, probe_every
+        self.rounds_off = 0
+
+    def alphas(self) -> list[float]:
+        return [a / s for a, s in zip(self.accepted, self.seen, strict=True)]
+
+    def expected_tokens(self, k: int) -> float:
+        total, run = 1.0, 1.0
+        for alpha in self.alphas()[:k]:
+            run *= alpha
+            total += run
+        return total
+
+    def rate(self, k: int) -> float:
+        """Expected tokens per second with k drafts."""
+        return self.expected_tokens(k) / (k * self.draft_cost + self.costs[k])
+
+    def choose(self, limit: int | None = None) -> int:
+        top = self.k_max if limit is None else min(self.k_max, limit)
+        best = max(range(top + 1), key=self.rate)
+        if best == 0:
+            self.rounds_off += 1
+            if self.rounds_off % self.probe_every == 0 and top >= 1:
+                return 1  # probe: keep α_1 (and d) measured while speculation is off
+        else:
+            self.rounds_off = 0
+        return best
+
+    def observe(self, k: int, n: int, draft_seconds: float) -> None:
+        """A round drafted k tokens and the target accepted n of them."""
+        if k == 0:
+            return
+        for i in range(min(k, n + 1)):  # position i was tested only if 1..i-1 were accepted
+            self.accepted[i] = self.decay * self.accepted[i] + (i < n)
+            self.seen[i] = self.decay * self.seen[i] + 1
+        per_token = draft_seconds / k
+        self.draft_cost = 0.8 * self.draft_cost + 0.2 * per_token
+
+    def describe(self) -> dict[str, Any]:
+        return {"verify_costs": list(self.costs), "draft_cost": self.draft_cost,
+                "alphas": self.alphas()}
