@@ -1,0 +1,350 @@
+"""`mlx-spec bench`: every decoder side by side, in one process, on the same prompts.
+
+The target is the bundled demo target widened (function-preserving, see widen.py) into a
+memory-bound f32 model of ~110M parameters, so acceptance is real (trained drafters) and the
+verify cost behaves as on a Mac. A 4-bit copy adds the compute-bound case. Rows: ours
+target-only, mlx-lm generate_step, mlx-lm speculative_generate_step, ours draft-model / MTP /
+n-gram / adaptive, at T = 0, T = 1 and T = 0.7 with top-p 0.9. Results: docs/BENCH.md,
+docs/bench.json, docs/bench.png. Timings are measured here and never asserted by tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from .adaptive import measure_verify_costs
+from .assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
+from .drafters import DraftModelDrafter, NgramDrafter
+from .drafters.mtp import load_mtp_drafter
+from .engine import Engine
+from .events import TokenEvent, TurnEnd
+from .loading import find_mtp_head, load_target
+from .model import TargetModel
+from .sampling import SamplingConfig
+from .widen import parameter_count, quantized, widen_mtp, widen_target
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    hidden: int = 1024
+    layers: int = 12
+    ffn: int = 2816
+    prompts: int = 3
+    max_tokens: int = 96
+    num_draft: int = 4
+    sweep: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
+    temperatures: tuple[tuple[float, float], ...] = ((0.0, 1.0), (1.0, 1.0), (0.7, 0.9))
+    quantized_rows: bool = True
+
+
+QUICK = BenchConfig(prompts=1, max_tokens=48, sweep=(2, 4), temperatures=((0.0, 1.0), (1.0, 1.0)))
+
+
+@dataclass
+class Row:
+    name: str
+    drafter: str
+    engine: str  # "mlx-spec" | "mlx-lm"
+    target: str
+    temperature: float
+    top_p: float
+    num_draft: int | str
+    tok_s: float = 0.0
+    speedup_vs_target: float = 0.0
+    tokens_per_pass: float = 1.0
+    acceptance_rate: float = 0.0
+    per_position_acceptance: list[float] = field(default_factory=list)
+    draft_share: float = 0.0
+    verify_share: float = 0.0
+    ttft_s: float = 0.0
+    peak_memory_mb: float = 0.0
+    efficiency: float | None = None
+    mean_draft: float = 0.0  # drafted tokens per target pass
+    draft_s_per_pass: float = 0.0
+    tokens: list[list[int]] = field(default_factory=list)
+
+
+def timed(stream: Iterable[Any], is_token: Callable[[Any], bool]) -> tuple[list[Any], float]:
+    """Consume a token stream; return its items and decode tok/s measured the same way for
+    every engine: (tokens − 1) / (time of last token − time of first token)."""
+    items, first, last, n = [], 0.0, 0.0, 0
+    for item in stream:
+        items.append(item)
+        if is_token(item):
+            now = time.perf_counter()
+            first = first or now
+            last, n = now, n + 1
+    return items, (n - 1) / (last - first) if n > 1 and last > first else 0.0
+
+
+def run_ours(engine: Engine, prompts: list[list[int]], max_tokens: int, sampling: SamplingConfig,
+             row: Row) -> Row:
+    rates, stats = [], []
+    for i, ids in enumerate(prompts):
+        engine.reset()
+        cfg = SamplingConfig(**{**asdict(sampling), "seed": i})
+        items, rate = timed(engine.generate(ids, max_tokens=max_tokens, sampling=cfg),
+                            lambda e: isinstance(e, TokenEvent))
+        end = items[-1]
+        assert isinstance(end, TurnEnd)
+        rates.append(rate)
+        stats.append(end.stats)
+        row.tokens.append(list(end.tokens))
+    row.tok_s = sum(rates) / len(rates)
+    passes = sum(s.target_passes for s in stats)
+    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+    row.tokens_per_pass = sum(s.generated_tokens for s in stats) / max(passes, 1)
+    row.acceptance_rate = accepted / drafted if drafted else 0.0
+    pos_d = [sum(x) for x in zip(*(s.per_position_drafted for s in stats), strict=True)]
+    pos_a = [sum(x) for x in zip(*(s.per_position_accepted for s in stats), strict=True)]
+    row.per_position_acceptance = [a / d if d else 0.0 for a, d in zip(pos_a, pos_d,
+                                                                         strict=True)]
+    gen = sum(s.generation_s for s in stats)
+    row.draft_share = sum(s.draft_s for s in stats) / gen
+    row.verify_share = sum(s.verify_s for s in stats) / gen
+    row.ttft_s = sum(s.ttft_s for s in stats) / len(stats)
+    row.peak_memory_mb = max(s.peak_memory for s in stats) / 2**20
+    row.draft_s_per_pass = sum(s.draft_s for s in stats) / max(passes, 1)
+    row.mean_draft = drafted / max(passes, 1)
+    return row
+
+
+def run_mlx_lm(target: TargetModel, draft: TargetModel | None, prompts: list[list[int]],
+               max_tokens: int, temperature: float, top_p: float, k: int, row: Row) -> Row:
+    from mlx_lm.generate import generate_step, speculative_generate_step
+    from mlx_lm.sample_utils import make_sampler
+
+    rates, from_draft, total = [], 0, 0
+    for i, ids in enumerate(prompts):
+        mx.random.seed(i)
+        sampler = make_sampler(temp=temperature, top_p=top_p if top_p < 1 else 0.0)
+        prompt = mx.array(ids)
+        if draft is None:
+            stream: Iterator = generate_step(prompt, target.model, max_tokens=max_tokens,
+                                             sampler=sampler)
+        else:
+            stream = speculative_generate_step(prompt, target.model, draft.model,
+                                               num_draft_tokens=k, max_tokens=max_tokens,
+                                               sampler=sampler)
+        mx.reset_peak_memory()
+        items, rate = timed(stream, lambda _: True)
+        rates.append(rate)
+        row.tokens.append([int(it[0]) for it in items])
+        if draft is not None:
+            from_draft += sum(bool(it[2]) for it in items)
+            total += len(items)
+        row.peak_memory_mb = max(row.peak_memory_mb, mx.get_peak_memory() / 2**20)
+    row.tok_s = sum(rates) / len(rates)
+    if draft is not None and total:
+        row.acceptance_rate = from_draft / total  # share of tokens that came from the draft
+    return row
+
+
+def prompts_from_corpus(tokenizer: Any, n: int, length: int = 48) -> list[list[int]]:
+    """Openings of held-out stdlib files (never seen in training)."""
+    from .train import corpus
+
+    out = []
+    for path in corpus.stdlib_files():
+        if len(out) == n:
+            break
+        text = corpus.read_text(path) if corpus.is_held_out(path) else None
+        if text and len(text) > 2000:
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            out.append(list(ids[:length]))
+    return out
+
+
+def load_bench_models(cfg: BenchConfig):
+    small, tokenizer = load_target(demo_model(DEMO_TARGET_F32))
+    small.model.set_dtype(mx.float32)
+    config = json.loads((demo_model(DEMO_TARGET_F32) / "config.json").read_text())
+    wide, wide_cfg = widen_target(small, config, hidden=cfg.hidden, layers=cfg.layers,
+                                  ffn=cfg.ffn)
+    mtp_small = load_mtp_drafter(find_mtp_head(demo_model(DEMO_TARGET_F32)), small)
+    draft, _ = load_target(demo_model(DEMO_DRAFT))
+    draft.model.set_dtype(mx.float32)
+    return small, wide, wide_cfg, config, mtp_small, draft, tokenizer
+
+
+def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    small, wide, wide_cfg, config, mtp_small, draft, tok = load_bench_models(cfg)
+    n_params = parameter_count(wide.model)
+    log(f"target: demo widened to {n_params / 1e6:.0f}M params f32 "
+        f"({cfg.hidden}x{cfg.layers}, ffn {cfg.ffn})")
+    prompts = prompts_from_corpus(tok, cfg.prompts)
+    costs = measure_verify_costs(wide, max(8, cfg.num_draft))
+    log("verify cost, q=1..9 tokens (×1 token): " + " ".join(f"{c / costs[0]:.2f}" for c in costs))
+    k = cfg.num_draft
+
+    def mtp():
+        return widen_mtp(mtp_small, wide, small_layers=config["num_hidden_layers"])
+
+    def ours(target: TargetModel, drafter, num_draft, name: str, dname: str, tname: str,
+             temp: float, top_p: float) -> Row:
+        engine = Engine(target, tok, drafter, num_draft=num_draft)
+        engine.eos = set()  # fixed-length outputs for every row
+        list(engine.generate(prompts[0][:8], max_tokens=4))  # warm-up
+        row = Row(name, dname, "mlx-spec", tname, temp, top_p, num_draft)
+        return run_ours(engine, prompts, cfg.max_tokens,
+                        SamplingConfig(temperature=temp, top_p=top_p), row)
+
+    rows: list[Row] = []
+    for temp, top_p in cfg.temperatures:
+        tag = f"T={temp:g}" + (f" top-p {top_p:g}" if top_p < 1 else "")
+        log(f"-- {tag}")
+        group = [ours(wide, None, 1, f"target-only {tag}", "none", "f32", temp, top_p)]
+        base = group[0].tok_s
+        if top_p == 1.0:
+            group.append(run_mlx_lm(wide, None, prompts, cfg.max_tokens, temp, top_p, k,
+                                    Row(f"mlx-lm generate_step {tag}", "none", "mlx-lm", "f32",
+                                        temp, top_p, 0)))
+            group.append(run_mlx_lm(wide, draft, prompts, cfg.max_tokens, temp, top_p, k,
+                                    Row(f"mlx-lm speculative k={k} {tag}", "draft", "mlx-lm",
+                                        "f32", temp, top_p, k)))
+            group.append(ours(wide, DraftModelDrafter(draft, wide), k, f"ours draft k={k} {tag}",
+                              "draft", "f32", temp, top_p))
+        group.append(ours(wide, mtp(), k, f"ours mtp k={k} {tag}", "mtp", "f32", temp, top_p))
+        group.append(ours(wide, NgramDrafter(), k, f"ours ngram k={k} {tag}", "ngram", "f32",
+                          temp, top_p))
+        group.append(ours(wide, mtp(), "auto", f"ours mtp auto {tag}", "mtp", "f32", temp,
+                          top_p))
+        if temp == 0.0:
+            for kk in cfg.sweep:
+                if kk == k:
+                    continue
+                group.append(ours(wide, mtp(), kk, f"ours mtp k={kk} {tag}", "mtp", "f32",
+                                  temp, top_p))
+                group.append(ours(wide, DraftModelDrafter(draft, wide), kk,
+                                  f"ours draft k={kk} {tag}", "draft", "f32", temp, top_p))
+        for r in group:
+            r.speedup_vs_target = r.tok_s / base if base else 0.0
+            log(f"{r.name:<36} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}  "
+                f"{r.tokens_per_pass:.2f} tok/pass  acc {r.acceptance_rate:.0%}")
+        rows.extend(group)
+
+    if cfg.quantized_rows:
+        log("-- 4-bit target (compute-bound on this CPU)")
+        q4 = quantized(wide, wide_cfg, bits=4)
+        group = [ours(q4, None, 1, "4-bit target-only T=0", "none", "4bit", 0.0, 1.0),
+                 ours(q4, mtp_on(q4, mtp_small, config), k, f"4-bit ours mtp k={k} T=0", "mtp",
+                      "4bit", 0.0, 1.0),
+                 ours(q4, mtp_on(q4, mtp_small, config), "auto", "4-bit ours mtp auto T=0",
+                      "mtp", "4bit", 0.0, 1.0)]
+        for r in group:
+            r.speedup_vs_target = r.tok_s / group[0].tok_s if group[0].tok_s else 0.0
+            log(f"{r.name:<36} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}")
+        rows.extend(group)
+
+    for r in rows:  # engine efficiency: measured speedup ÷ the ideal implied by measured costs
+        if r.engine == "mlx-spec" and r.drafter != "none" and r.target == "f32":
+            kk = min(round(r.mean_draft), len(costs) - 1)
+            ideal = r.tokens_per_pass * costs[0] / (costs[kk] + r.draft_s_per_pass)
+            r.efficiency = r.speedup_vs_target / ideal if ideal else None
+
+    greedy = [r for r in rows if r.temperature == 0 and r.target == "f32"]
+    reference = greedy[0].tokens
+    mismatched = [r.name for r in greedy if r.tokens != reference]
+    result = {
+        "machine": machine(),
+        "target": {"params": n_params, "hidden": cfg.hidden, "layers": cfg.layers,
+                   "dtype": "float32", "verify_cost_ratio": [c / costs[0] for c in costs]},
+        "config": asdict(cfg),
+        "greedy_identical": not mismatched,
+        "greedy_mismatched_rows": mismatched,
+        "rows": [{k: v for k, v in asdict(r).items() if k != "tokens"} for r in rows],
+    }
+    write_outputs(result, out)
+    log(f"greedy rows identical: {not mismatched}" + (f" (differ: {mismatched})"
+                                                       if mismatched else ""))
+    return result
+
+
+def mtp_on(target: TargetModel, mtp_small, config: dict) -> Any:
+    return widen_mtp(mtp_small, target, small_layers=config["num_hidden_layers"])
+
+
+def machine() -> dict[str, Any]:
+    import mlx_lm
+
+    return {
+        "platform": platform.platform(), "processor": platform.machine(),
+        "cpu_count": os.cpu_count(), "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__,
+        "device": str(mx.default_device()),
+        "openblas_preloaded": "openblas" in os.environ.get("LD_PRELOAD", ""),
+    }
+
+
+def write_outputs(result: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2))
+    m = result["machine"]
+    lines = [
+        "# Benchmark",
+        "",
+        "Reproduce: `uv run mlx-spec bench` (full, ~10 min) or `uv run mlx-spec bench --quick`.",
+        f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on {m['device']}, "
+        f"mlx-lm {m['mlx_lm']}, OpenBLAS preloaded: {m['openblas_preloaded']}.",
+        f"Target: the demo target widened to {result['target']['params'] / 1e6:.0f}M params "
+        f"(f32, function-preserving); verify cost for q = 1..9 tokens relative to 1: "
+        + ", ".join(f"{x:.2f}" for x in result["target"]["verify_cost_ratio"]) + ".",
+        f"Greedy rows produced identical tokens: **{result['greedy_identical']}**.",
+        "",
+        "| row | engine | tok/s | speedup | tokens/pass | acceptance | per-position | "
+        "draft/verify share | TTFT ms | peak MB | efficiency |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        pos = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]) or "–"
+        eff = f"{r['efficiency']:.2f}" if r["efficiency"] is not None else "–"
+        lines.append(
+            f"| {r['name']} | {r['engine']} | {r['tok_s']:.1f} | ×{r['speedup_vs_target']:.2f} | "
+            f"{r['tokens_per_pass']:.2f} | {r['acceptance_rate']:.0%} | {pos} | "
+            f"{r['draft_share']:.0%}/{r['verify_share']:.0%} | {r['ttft_s'] * 1000:.0f} | "
+            f"{r['peak_memory_mb']:.0f} | {eff} |")
+    lines += ["", "Speedup is against our target-only row at the same temperature. mlx-lm's "
+              "acceptance column is its share of tokens flagged `from_draft`. Efficiency = "
+              "measured speedup ÷ (tokens per pass × c(1) / (c(k+1) + draft time per pass)).",
+              "", "![speedup vs draft length](bench.png)", ""]
+    (out / "BENCH.md").write_text("\n".join(lines))
+    plot(result, out / "bench.png")
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for drafter in ("mtp", "draft"):
+        pts = sorted((r["num_draft"], r["speedup_vs_target"]) for r in result["rows"]
+                     if r["drafter"] == drafter and r["engine"] == "mlx-spec"
+                     and r["temperature"] == 0 and r["target"] == "f32"
+                     and isinstance(r["num_draft"], int))
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="o", label=f"ours {drafter}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("draft length k")
+    ax.set_ylabel("speedup vs target-only (T=0)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def cmd_bench(args) -> int:
+    cfg = QUICK if args.quick else BenchConfig()
+    bench(cfg, Path(args.out), log=lambda s: print(s, flush=True))
+    return 0

@@ -1,0 +1,33 @@
+"""Function-preserving widening (the benchmark's memory-bound target) really preserves function."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+from conftest import ARCHS
+from test_mtp import make_drafter
+
+from mlx_spec.engine import Engine
+from mlx_spec.widen import parameter_count, widen_mtp, widen_target
+
+
+def test_wide_target_and_mtp_head_compute_the_same_function(load):
+    small, tok = load("qwen3")
+    wide, _ = widen_target(small, ARCHS["qwen3"], hidden=160, layers=4, ffn=320)
+    assert parameter_count(wide.model) > 2 * parameter_count(small.model)
+    x = mx.array([[5, 9, 33, 100, 7, 250]])
+    a, b = np.array(small.model(x)), np.array(wide.model(x))
+    # RMSNorm eps is added to a mean over more (zero) units: tiny differences only
+    np.testing.assert_allclose(a, b, atol=5e-3, rtol=1e-3)
+    assert (a.argmax(-1) == b.argmax(-1)).all()
+
+    drafter = make_drafter(small, "shared-kv")
+    wide_drafter = widen_mtp(drafter, wide, small_layers=2)
+    prompt = [(i * 29) % 300 + 5 for i in range(20)]
+    outs = []
+    for target, d in ((small, drafter), (wide, wide_drafter)):
+        engine = Engine(target, tok, d, num_draft=3)
+        engine.eos = set()
+        end = list(engine.generate(prompt, max_tokens=24))[-1]
+        outs.append((end.tokens, end.stats.accepted, end.stats.drafted))
+    assert outs[0] == outs[1]  # same tokens, and the head proposes exactly the same drafts
