@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", type=Path, default=Path("runs/demo"))
     ap.add_argument("--stage", choices=["tokenizer", "target", "drafters", "all"], default="all")
     ap.add_argument("--target-steps", type=int, default=1300)
-    ap.add_argument("--mtp-steps", type=int, default=1500)
-    ap.add_argument("--draft-steps", type=int, default=1000)
+    ap.add_argument("--mtp-steps", type=int, default=1200)
+    ap.add_argument("--draft-steps", type=int, default=800)
     ap.add_argument("--out", type=Path, default=Path("assets/models"))
     args = ap.parse_args(argv)
     tok_dir = build_tokenizer(args.work)
@@ -104,7 +104,7 @@ def build_drafters(args, tok_dir: Path, train: np.ndarray) -> None:
 
     log = lambda s: print(s, flush=True)  # noqa: E731
     target, _ = load_target(args.work / "target")
-    dc = DistillConfig(steps=args.mtp_steps, batch_size=8, seq_len=192, lr=2e-3, depth=4)
+    dc = DistillConfig(steps=args.mtp_steps, batch_size=8, seq_len=128, lr=2e-3, depth=3)
     data_path = args.work / "distill-data.npy"
     if not data_path.exists():
         np.save(data_path, build_training_set(target, train, dc, n_generated=512, log=log))
@@ -116,7 +116,7 @@ def build_drafters(args, tok_dir: Path, train: np.ndarray) -> None:
         distill_mtp(target, data, cfg, dc, mtp_dir)
     draft_dir = args.out / "demo-draft"
     if not (draft_dir / "model.safetensors").exists():
-        ddc = DistillConfig(steps=args.draft_steps, batch_size=8, seq_len=192, lr=3e-3)
+        ddc = DistillConfig(steps=args.draft_steps, batch_size=8, seq_len=128, lr=3e-3)
         student = distill_draft_model(target, data, DRAFT_CONFIG, ddc, args.work / "draft-train")
         save_model_dir(draft_dir, student, DRAFT_CONFIG, tokenizer_dir=tok_dir, dtype=mx.bfloat16)
     # the target in bf16 (f32 training, half the bytes) and its 8-bit quantized form

@@ -1,0 +1,25 @@
+"""Smoke test of the benchmark code path on a small widening (timings are never asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from mlx_spec.bench import BenchConfig, bench
+
+TINY = BenchConfig(hidden=256, layers=5, ffn=640, prompts=1, max_tokens=10, num_draft=2,
+                   sweep=(1,), temperatures=((0.0, 1.0), (1.0, 1.0)), quantized_rows=True)
+
+
+def test_bench_runs_and_greedy_rows_agree(tmp_path):
+    result = bench(TINY, tmp_path, log=lambda s: None)
+    assert result["greedy_identical"], result["greedy_mismatched_rows"]
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    names = {r["name"] for r in saved["rows"]}
+    assert {"target-only T=0", "mlx-lm generate_step T=0", "mlx-lm speculative k=2 T=0",
+            "ours draft k=2 T=0", "ours mtp k=2 T=0", "ours ngram k=2 T=0",
+            "ours mtp auto T=0", "4-bit ours mtp auto T=0"} <= names
+    for r in saved["rows"]:
+        assert {"name", "drafter", "engine", "temperature", "num_draft", "tok_s",
+                "speedup_vs_target", "tokens_per_pass", "acceptance_rate"} <= set(r)
+        assert r["tok_s"] > 0
+    assert "| row |" in (tmp_path / "BENCH.md").read_text()
