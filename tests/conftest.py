@@ -87,3 +87,14 @@ def load(model_dirs):
         return loaded[key]
 
     return get
+
+
+def pytest_terminal_summary(terminalreporter):
+    from helpers import IDENTITY
+
+    if IDENTITY["identical"] or IDENTITY["near_tie"]:
+        terminalreporter.write_line(
+            f"greedy identity: {IDENTITY['identical']} comparisons identical token for token, "
+            f"{IDENTITY['near_tie']} parted at a measured near-tie "
+            f"({IDENTITY['tokens']} reference tokens compared)"
+        )

@@ -53,12 +53,20 @@ def top2_gap(target, context):
     return (top[1] - top[0]) / (np.abs(logits).max() + 1e-9)
 
 
+# tallies printed at the end of the run (tests/conftest.py): how often greedy outputs were
+# identical token for token, and how often they parted at a measured near-tie
+IDENTITY = {"identical": 0, "near_tie": 0, "tokens": 0}
+
+
 def assert_same_or_near_tie(target, prompt, got, want, bits=None):
     """got == want, except that they may part at a genuine near-tie (measured, not assumed)."""
     i = first_divergence(got, want)
+    IDENTITY["tokens"] += len(want)
     if i is None:
         assert len(got) == len(want)
+        IDENTITY["identical"] += 1
         return None
     gap = top2_gap(target, prompt + list(want[:i]))
     assert gap < NEAR_TIE[bits], f"diverged at {i} with top-2 gap {gap:.4g}: not a near-tie"
+    IDENTITY["near_tie"] += 1
     return gap

@@ -119,3 +119,13 @@ def test_multi_turn_reuses_cache_and_matches_fresh_run(load):
     turn3 = PROMPT[:10] + [1, 2, 3]
     third, _ = run(engine, prompt=turn3, max_tokens=5)
     assert third.stats.reused_tokens == 10
+
+
+def test_near_tie_allowance_has_teeth(load, baselines):
+    """A divergence that is not at a near-tie must fail the identity check."""
+    target, _ = load("llama")
+    want = baselines("llama", None)
+    wrong = list(want)
+    wrong[5] = (wrong[5] + 1) % 300
+    with pytest.raises(AssertionError, match="not a near-tie"):
+        assert_same_or_near_tie(target, PROMPT, wrong, want)
