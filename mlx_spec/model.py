@@ -38,9 +38,10 @@ class TargetModel:
             return self.model.lm_head(hidden)
         return self.backbone.embed_tokens.as_linear(hidden)
 
-    def forward(self, tokens: list[int], cache: list[Any], *, hidden: bool = False):
-        """Logits [n, V] for n new tokens, appended to cache; with hidden=True also [n, D]."""
-        x = mx.array(tokens)[None]
+    def forward(self, tokens: list[int] | mx.array, cache: list[Any], *, hidden: bool = False):
+        """Logits [n, V] for n new tokens, appended to cache; with hidden=True also [n, D].
+        tokens may be a (lazy) mx.array, so drafters can chain steps without a host sync."""
+        x = (tokens if isinstance(tokens, mx.array) else mx.array(tokens)).reshape(1, -1)
         if not hidden:
             return self.model(x, cache=cache)[0], None
         h = self.backbone(x, cache=cache)

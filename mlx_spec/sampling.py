@@ -158,6 +158,11 @@ class Sampler:
         self.cfg = cfg
         self._key = mx.random.key(cfg.seed if cfg.seed is not None else _fresh_seed())
 
+    @property
+    def uses_history(self) -> bool:
+        """Only the repetition penalty looks at previous tokens (as host ints)."""
+        return self.cfg.repetition_penalty != 1.0
+
     def next_key(self) -> mx.array:
         self._key, sub = mx.random.split(self._key)
         return sub

@@ -58,3 +58,19 @@ class Drafter(Protocol):
 
     def nbytes(self) -> int:
         """Extra memory: weights plus any cache of the drafter's own."""
+
+
+def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
+    """k autoregressive draft steps: step(input) -> next-token logits [V]; each sampled token is
+    the next input. Tokens stay lazy on the device (no host sync per step) unless the
+    repetition penalty needs them as ints; one sync at the end."""
+    history = ctx.tokens[-sampler.cfg.repetition_context :] if sampler.uses_history else []
+    x, tokens, probs = first_input, [], []
+    for _ in range(k):
+        drafted = [int(t.item()) for t in tokens] if sampler.uses_history else []
+        token, q = sampler.draft_token(step(x), history + drafted)
+        tokens.append(token)
+        if q is not None:
+            probs.append(q)
+        x = token.reshape(1)
+    return Draft(mx.stack(tokens).tolist(), mx.stack(probs) if probs else None)

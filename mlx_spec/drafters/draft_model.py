@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import mlx.core as mx
-
 from .. import cache as kv
 from ..errors import TokenizerMismatchError
 from ..model import TargetModel
 from ..sampling import Sampler
-from .base import Draft, DraftContext
+from .base import Draft, DraftContext, draft_chain
 
 
 class DraftModelDrafter:
@@ -39,16 +37,8 @@ class DraftModelDrafter:
     def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
         # catch up on committed tokens not yet seen (the pending one at least), then one step each
         feed = ctx.tokens[kv.length(self.cache) :]
-        history = ctx.tokens[-sampler.cfg.repetition_context :]
-        tokens, probs = [], []
-        for _ in range(k):
-            logits, _ = self.model.forward(feed, self.cache)
-            token, q = sampler.draft_token(logits[-1], history + tokens)
-            tokens.append(token.item())
-            if q is not None:
-                probs.append(q)
-            feed = tokens[-1:]
-        return Draft(tokens, mx.stack(probs) if probs else None)
+        return draft_chain(lambda x: self.model.forward(x, self.cache)[0][-1], feed, ctx, k,
+                           sampler)
 
     def nbytes(self) -> int:
         return self.model.nbytes() + kv.nbytes(self.cache)

@@ -31,7 +31,7 @@ from .. import cache as kv
 from ..errors import ModelLoadError, TokenizerMismatchError
 from ..model import TargetModel
 from ..sampling import Sampler
-from .base import Draft, DraftContext
+from .base import Draft, DraftContext, draft_chain
 
 CONFIG_FILE = "mtp_config.json"
 WEIGHTS_FILE = "mtp.safetensors"
@@ -232,21 +232,21 @@ class MTPDrafter:
             kv.trim_to(self.cache, keep)
             self.trusted = keep
 
-    def _embed(self, tokens: list[int]) -> mx.array:
-        return self.target.embed(mx.array(tokens)[None]) * self.cfg.embed_scale
+    def _embed(self, tokens: list[int] | mx.array) -> mx.array:
+        x = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
+        return self.target.embed(x.reshape(1, -1)) * self.cfg.embed_scale
 
     def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
         n = len(ctx.tokens)
         if n < 2 or self.hist.n != n - 1:
             return Draft()
-        history = ctx.tokens[-sampler.cfg.repetition_context :]
         if self.cfg.kind == "shared-kv":
             keys, values = target_kv(ctx.target_cache[self.cfg.kv_layer])
 
             def step(tokens, h, pos):
                 return self.head(self._embed(tokens), h, keys, values, self.rope, pos)
 
-            h = step(ctx.tokens[-1:], self.hist.rows(n - 2, n - 1)[None], n - 1)
+            first = (ctx.tokens[-1:], self.hist.rows(n - 2, n - 1)[None], n - 1)
         else:
             start = kv.length(self.cache)  # catch up on every committed position not yet seen
 
@@ -254,18 +254,21 @@ class MTPDrafter:
                 mask = "causal" if len(tokens) > 1 else None
                 return self.head(self._embed(tokens), h, self.cache[0], mask)
 
-            h = step(ctx.tokens[start:], self.hist.rows(start - 1, n - 1)[None], start)
+            first = (ctx.tokens[start:], self.hist.rows(start - 1, n - 1)[None], start)
             self.trusted = n
-        tokens, probs = [], []
-        for j in range(k):
-            logits = self.target.head(h[:, -1:])[0, -1]
-            token, q = sampler.draft_token(logits, history + tokens)
-            tokens.append(token.item())
-            if q is not None:
-                probs.append(q)
-            if j + 1 < k:
-                h = step(tokens[-1:], h[:, -1:], n + j)
-        return Draft(tokens, mx.stack(probs) if probs else None)
+        state = {"h": None, "pos": n - 1}
+
+        def next_logits(x):
+            # the first call reads the committed context; later ones feed back h' and a draft
+            if state["h"] is None:
+                h = step(*first)
+            else:
+                state["pos"] += 1
+                h = step(x, state["h"], state["pos"])
+            state["h"] = h[:, -1:]
+            return self.target.head(state["h"])[0, -1]
+
+        return draft_chain(next_logits, None, ctx, k, sampler)
 
     def nbytes(self) -> int:
         weights = sum(v.nbytes for _, v in tree_flatten(self.head.parameters()))
