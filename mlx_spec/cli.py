@@ -195,6 +195,8 @@ def summary_line(s: Any) -> str:
         k = f"auto≤{s.num_draft} (mean {s.mean_draft:.1f})" if s.adaptive else str(s.num_draft)
         line += (f" k={k}, acceptance {s.acceptance_rate:.0%}, "
                  f"{s.tokens_per_pass:.2f} tokens/pass")
+        line += f", drafter mem {s.drafter_bytes / 2**20:.1f} MB"
+    line += f", KV {s.kv_cache_bytes / 2**20:.1f} MB"
     return line + f", finish {s.finish_reason}]"
 
 

@@ -114,11 +114,12 @@ def build_drafters(args, tok_dir: Path, train: np.ndarray) -> None:
     mtp_dir = args.work / "mtp"
     if not (mtp_dir / "mtp.safetensors").exists():
         distill_mtp(target, data, cfg, dc, mtp_dir)
-    draft_dir = args.out / "demo-draft"
+    draft_dir = args.work / "draft"
     if not (draft_dir / "model.safetensors").exists():
         ddc = DistillConfig(steps=args.draft_steps, batch_size=8, seq_len=128, lr=3e-3)
         student = distill_draft_model(target, data, DRAFT_CONFIG, ddc, args.work / "draft-train")
         save_model_dir(draft_dir, student, DRAFT_CONFIG, tokenizer_dir=tok_dir, dtype=mx.bfloat16)
+    shutil.copytree(draft_dir, args.out / "demo-draft", dirs_exist_ok=True)
     # the target in bf16 (f32 training, half the bytes) and its 8-bit quantized form
     f32_dir, q8_dir = args.out / "demo-target", args.out / "demo-target-q8"
     save_model_dir(f32_dir, target.model, TARGET_CONFIG, tokenizer_dir=tok_dir, dtype=mx.bfloat16)
