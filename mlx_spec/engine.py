@@ -79,6 +79,27 @@ class Engine:
     def _context(self, hidden: mx.array | None = None, start: int = 0) -> DraftContext:
         return DraftContext(self.target, self.tokens, self.cache, hidden, start)
 
+    def _materialize(self) -> None:
+        """Evaluate every cached array before the turn ends. MLX streams are thread-local: a
+        lazy array left in a cache would need the stream of the thread that built it, which may
+        be gone when the next turn runs on another thread (as in the app)."""
+        arrays = [c.state for c in self.cache]
+        if self.drafter is not None:
+            arrays.append(self.drafter.arrays())
+        mx.eval(arrays)
+
+    def set_num_draft(self, num_draft: int | str, *, max_draft: int = 8) -> None:
+        """Draft length for later turns: an int >= 1, or "auto"."""
+        if num_draft != "auto" and (not isinstance(num_draft, int) or num_draft < 1):
+            raise MlxSpecError(f"draft length must be >= 1 or 'auto', got {num_draft}")
+        old = self.num_draft
+        self.adaptive = num_draft == "auto"
+        if self.adaptive and self.policy is not None and self.policy.k_max != max_draft:
+            self.policy = None
+        self.num_draft = max_draft if self.adaptive else int(num_draft)
+        if self.num_draft > old:  # sliding-window caches need rollback slack for a longer round
+            self.reset()
+
     def _policy(self) -> AdaptiveDraftLength | None:
         """The adaptive draft-length policy, calibrated once (a few timed target passes)."""
         if not self.adaptive or self.drafter is None:
@@ -219,6 +240,7 @@ class Engine:
                 finish = reason
                 break
 
+        self._materialize()
         stats = TurnStats(
             prompt_tokens=len(prompt),
             reused_tokens=reused,

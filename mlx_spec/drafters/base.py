@@ -59,6 +59,9 @@ class Drafter(Protocol):
     def nbytes(self) -> int:
         """Extra memory: weights plus any cache of the drafter's own."""
 
+    def arrays(self) -> list[Any]:
+        """The drafter's state arrays (evaluated by the engine at the end of every turn)."""
+
 
 def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
     """k autoregressive draft steps: step(input) -> next-token logits [V]; each sampled token is

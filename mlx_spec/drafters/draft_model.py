@@ -40,5 +40,8 @@ class DraftModelDrafter:
         return draft_chain(lambda x: self.model.forward(x, self.cache)[0][-1], feed, ctx, k,
                            sampler)
 
+    def arrays(self) -> list:
+        return [c.state for c in self.cache]
+
     def nbytes(self) -> int:
         return self.model.nbytes() + kv.nbytes(self.cache)

@@ -270,6 +270,10 @@ class MTPDrafter:
 
         return draft_chain(next_logits, None, ctx, k, sampler)
 
+    def arrays(self) -> list:
+        return [c.state for c in self.cache] + ([self.hist.buf] if self.hist.buf is not None
+                                                else [])
+
     def nbytes(self) -> int:
         weights = sum(v.nbytes for _, v in tree_flatten(self.head.parameters()))
         return weights + self.hist.nbytes + kv.nbytes(self.cache)

@@ -51,5 +51,8 @@ class NgramDrafter:
             probs[mx.arange(len(proposal)), mx.array(proposal)] = 1.0
         return Draft(list(proposal), probs)
 
+    def arrays(self) -> list:
+        return []
+
     def nbytes(self) -> int:
         return 0
