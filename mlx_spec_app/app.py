@@ -1,0 +1,604 @@
+"""The chat app.
+
+The engine runs in worker threads (one at a time: every action that would start another waits
+until the app is idle). Tokens reach the UI through a TokenBuffer that a 30 Hz timer drains;
+turn ends and failures arrive as messages.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static
+
+from mlx_spec import (
+    Baseline,
+    Engine,
+    MlxSpecError,
+    TokenEvent,
+    TurnEnd,
+    encode_chat,
+    load_engine,
+    measure_baseline,
+)
+
+from .history import History
+from .screens import HelpScreen, HistoryScreen, LoadErrorScreen, SettingsScreen
+from .session import SessionTotals
+from .settings import DrafterSwitch, Settings, drafter_kind
+from .stream import (
+    EngineReady,
+    EngineSwitched,
+    LoadFailed,
+    RaceDone,
+    TokenBuffer,
+    TurnDone,
+    TurnFailed,
+    claim_thread,
+    one_line,
+    release_thread,
+)
+from .widgets import (
+    LEGEND,
+    Answer,
+    PromptInput,
+    StatsPanel,
+    UserMessage,
+    stats_from_dict,
+    stats_line,
+)
+
+FLUSH_HZ = 30
+GENERATING, RACING = "generating", "racing target-only…"  # busy states that esc stops
+CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.S)
+
+
+class LastTurn:
+    """What the race command re-runs, and what it compares against."""
+
+    def __init__(self, messages: list[dict[str, str]], end: TurnEnd, answer: Answer) -> None:
+        self.messages, self.end, self.answer = messages, end, answer
+
+
+class SpecChatApp(App[None]):
+    TITLE = "mlx-spec"
+    CSS_PATH = "app.tcss"
+    BINDINGS = [
+        Binding("escape", "stop", "stop"),
+        Binding("ctrl+r", "regenerate", "regenerate"),
+        Binding("ctrl+n", "new_chat", "new chat"),
+        Binding("ctrl+o", "conversations", "history"),
+        Binding("ctrl+s", "settings", "settings"),
+        Binding("ctrl+t", "toggle_highlight", "highlight"),
+        Binding("ctrl+g", "toggle_markdown", "markdown"),
+        Binding("f5", "race", "race"),
+        Binding("f8", "copy_answer", "copy", show=False),
+        Binding("f9", "copy_code", "copy code", show=False),
+        Binding("f1", "help", "help"),
+    ]
+
+    def __init__(self, *, model: str | None = None, drafter: str = "auto",
+                 draft_model: str | None = None, mtp: str | None = None,
+                 num_draft: int | str = 4, engine: Engine | None = None,
+                 baseline: Baseline | None = None, history: History | None = None) -> None:
+        """engine / baseline: already loaded ones (tests, the overhead script); else the app
+        loads `model` (or the last used one, or the demo pair) in a worker."""
+        super().__init__()
+        self.history = history or History()
+        self.load_args: dict[str, Any] = dict(model=model, drafter=drafter,
+                                              draft_model=draft_model, mtp=mtp,
+                                              num_draft=num_draft)
+        self.engine: Engine | None = None
+        self.baseline = baseline
+        self._given_engine = engine
+        self.switch: DrafterSwitch | None = None
+        self.settings = Settings.restore(self.history.get("settings"), num_draft=num_draft)
+        self.messages: list[dict[str, str]] = []
+        self.conversation: int | None = None
+        self.buffer = TokenBuffer()
+        self.stop_event = threading.Event()
+        self.answer: Answer | None = None  # the answer being streamed
+        self.busy = "loading"  # "" when idle; else what the engine is doing
+        self.highlight = True
+        self.totals = SessionTotals()
+        self.last_turn: LastTurn | None = None
+        self._sent: tuple[str, int] | None = None  # (text, message id) of an unanswered send
+        self._pending_engine: tuple[int | str, str] | None = None
+        self._plain: Engine | None = None  # drafter-less engine for races, built on first use
+
+    # -- layout --------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="body"):
+            with Vertical(id="main"):
+                yield VerticalScroll(id="chat")
+                with Horizontal(id="bar"):
+                    yield Static(LEGEND, id="legend")
+                    yield Static("", id="status")
+                yield PromptInput(id="prompt")
+            yield StatsPanel(id="panel")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#chat", VerticalScroll).anchor()  # follow the stream until scrolled
+        self.set_interval(1 / FLUSH_HZ, self.flush)
+        self.query_one(PromptInput).focus()
+        if self._given_engine is None:
+            self._start_load(self.load_args["model"], remembered_ok=True)
+        elif self.baseline is None:
+            self.set_busy("measuring the baseline…")
+            self._measure(self._given_engine)
+        else:
+            self.on_engine_ready(EngineReady(self._given_engine, self.baseline))
+
+    def get_system_commands(self, screen: Screen):
+        yield from super().get_system_commands(screen)
+        for title, text, action in [
+            ("New chat", "start a new conversation (ctrl+n)", self.action_new_chat),
+            ("Regenerate", "answer the last message again (ctrl+r)", self.action_regenerate),
+            ("Stop", "stop the answer being generated (esc)", self.action_stop),
+            ("Race target-only", "re-run the last prompt without a drafter (f5)",
+             self.action_race),
+            ("Copy answer", "copy the last answer (f8)", self.action_copy_answer),
+            ("Copy code block", "copy the last answer's last code block (f9)",
+             self.action_copy_code),
+            ("Toggle highlighting", "colour tokens by kind (ctrl+t)",
+             self.action_toggle_highlight),
+            ("Toggle Markdown", "the last answer as Markdown (ctrl+g)",
+             self.action_toggle_markdown),
+            ("Settings", "sampling, draft length, drafter, system prompt (ctrl+s)",
+             self.action_settings),
+            ("Conversations", "open or delete saved conversations (ctrl+o)",
+             self.action_conversations),
+            ("Keys", "every key and token colour (f1)", self.action_help),
+        ]:
+            yield SystemCommand(title, text, action)
+
+    def set_busy(self, state: str) -> None:
+        self.busy = state
+        self._show_status()
+
+    def _show_status(self, extra: str = "") -> None:
+        if self.busy:
+            text = self.busy + extra
+        elif self.engine is not None:
+            text = f"ready · {self._engine_label()}"
+        else:
+            text = ""
+        self.query_one("#status", Static).update(Content(text))
+
+    def _engine_label(self) -> str:
+        assert self.engine is not None
+        kind = drafter_kind(self.engine)
+        if kind == "none":
+            return "no drafter"
+        return f"{kind} k={'auto' if self.engine.adaptive else self.engine.num_draft}"
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def _start_load(self, model: str | None, *, remembered_ok: bool) -> None:
+        args = dict(self.load_args, model=model)
+        remembered = False
+        if model is None and remembered_ok and (last := self.history.get("last_model")):
+            args.update(model=last["model"], draft_model=args["draft_model"] or
+                        last.get("draft_model"), mtp=args["mtp"] or last.get("mtp"))
+            remembered = True
+        self.set_busy(f"loading {args['model'] or 'the demo pair'}…")
+        self._load(args, remembered)
+
+    @work(thread=True, exclusive=True, group="load")
+    def _load(self, args: dict[str, Any], remembered: bool) -> None:
+        claim_thread()
+        try:
+            try:
+                engine = load_engine(**args)
+            except MlxSpecError:
+                if not remembered:
+                    raise
+                # the model remembered from last time is gone: the demo pair
+                args = dict(args, model=None, draft_model=None, mtp=None)
+                engine = load_engine(**args)
+            self.post_message(EngineReady(engine, measure_baseline(engine), args))
+        except Exception as e:  # noqa: BLE001 - the user gets one line, never a traceback
+            text = str(e) if isinstance(e, MlxSpecError) else f"cannot load: {one_line(e)}"
+            self.post_message(LoadFailed(text, args["model"]))
+        finally:
+            release_thread()
+
+    @work(thread=True, exclusive=True, group="load")
+    def _measure(self, engine: Engine) -> None:
+        claim_thread()
+        try:
+            self.post_message(EngineReady(engine, measure_baseline(engine)))
+        finally:
+            release_thread()
+
+    def on_engine_ready(self, msg: EngineReady) -> None:
+        engine = self.engine = msg.engine
+        self.baseline = msg.baseline
+        if msg.load_args is not None:  # remember what loaded (None: the demo pair)
+            self.load_args = msg.load_args
+            self.history.set("last_model", _remembered(msg.load_args)
+                             if msg.load_args["model"] else None)
+        args = self.load_args
+        self.switch = DrafterSwitch(engine, model=args["model"], draft_model=args["draft_model"],
+                                    mtp=args["mtp"])
+        self.settings = replace(self.settings, drafter=self.switch.initial,
+                                num_draft="auto" if engine.adaptive else engine.num_draft)
+        self.sub_title = engine.target.name
+        self._show_engine()
+        self.set_busy("")
+
+    def _show_engine(self) -> None:
+        assert self.engine is not None
+        self.query_one(StatsPanel).show_engine(
+            f"{self.engine.target.name}\n{self._engine_label()}", self.baseline)
+
+    def on_load_failed(self, msg: LoadFailed) -> None:
+        self.set_busy("model not loaded")
+
+        def chosen(choice: str | None) -> None:
+            if choice == "demo":
+                self._start_load(None, remembered_ok=False)
+            else:
+                self.exit(return_code=2)
+
+        self.push_screen(LoadErrorScreen(msg.text, can_use_demo=msg.model is not None), chosen)
+
+    # -- a turn --------------------------------------------------------------------------------
+
+    def on_prompt_input_submitted(self, msg: PromptInput.Submitted) -> None:
+        text = msg.text.rstrip()
+        if not text.strip():
+            self.notify("Empty message: nothing to send.", severity="warning")
+            return
+        if not self._can_start():
+            return
+        self.query_one(PromptInput).clear()
+        if self.conversation is None:
+            self.conversation = self.history.new_conversation(text, self.sub_title)
+        mid = self.history.add_message(self.conversation, "user", text)
+        self._sent = (text, mid)
+        self.messages.append({"role": "user", "content": text})
+        self.query_one("#chat").mount(UserMessage(text))
+        self._start_turn()
+
+    def _can_start(self) -> bool:
+        """True when the engine is idle; else says why not."""
+        if self.engine is None:
+            self.notify("The model is not loaded yet.", severity="warning")
+        elif self.busy:
+            self.notify(f"Busy ({self.busy.rstrip('…')}): press esc to stop.",
+                        severity="warning")
+        return self.engine is not None and not self.busy
+
+    def _engine_messages(self) -> list[dict[str, str]]:
+        system = self.settings.system_prompt
+        return ([{"role": "system", "content": system}] if system else []) + list(self.messages)
+
+    def _start_turn(self) -> None:
+        self.answer = Answer(self.highlight)
+        chat = self.query_one("#chat", VerticalScroll)
+        chat.mount(self.answer)
+        chat.anchor()
+        self.buffer.drain()
+        self.stop_event = threading.Event()  # one per turn: a late esc cannot stop the next
+        self.set_busy(GENERATING)
+        self._generate(self._engine_messages(), self.settings, self.stop_event)
+
+    @work(thread=True, exclusive=True, group="gen")
+    def _generate(self, messages: list[dict[str, str]], settings: Settings,
+                  stop: threading.Event) -> None:
+        engine = self.engine
+        assert engine is not None
+        claim_thread()
+        try:
+            ids = encode_chat(engine.tokenizer, messages)
+            for ev in engine.generate(ids, max_tokens=settings.max_tokens,
+                                      sampling=settings.sampling, stop=stop):
+                if isinstance(ev, TokenEvent):
+                    self.buffer.push(ev)
+                else:
+                    self.post_message(TurnDone(ev))
+        except Exception as e:  # noqa: BLE001 - one line for the user, never a traceback
+            self.post_message(TurnFailed(str(e) if isinstance(e, MlxSpecError)
+                                         else f"generation failed: {one_line(e)}"))
+        finally:
+            release_thread()
+
+    def flush(self) -> None:
+        """Move buffered tokens into the streaming answer (on the UI thread, 30 times a second)."""
+        if self.answer is None or not len(self.buffer):
+            return
+        self.answer.extend(self.buffer.drain())
+        self._show_status(f" · {len(self.answer.kinds)} tokens · esc stops")
+
+    def on_turn_done(self, msg: TurnDone) -> None:
+        self.flush()
+        answer, self.answer = self.answer, None
+        s = msg.end.stats
+        if answer is not None:
+            answer.finish(s, stats_line(s, self.baseline))
+            self.messages.append({"role": "assistant", "content": answer.text})
+            if self.conversation is not None:
+                self.history.add_message(self.conversation, "assistant", answer.text,
+                                         kinds=answer.runs, stats=s.to_dict(),
+                                         partial=answer.partial)
+            self.last_turn = LastTurn(self._engine_messages()[:-1], msg.end, answer)
+        self._sent = None
+        self.totals.add(s)
+        self.query_one(StatsPanel).show_totals(self.totals, self.baseline)
+        self.set_busy("")
+        self._apply_pending()
+
+    def on_turn_failed(self, msg: TurnFailed) -> None:
+        """E.g. a prompt longer than the context: forget the message, give its text back."""
+        self.buffer.drain()
+        if self.answer is not None:
+            self.answer.remove()
+            self.answer = None
+        if self._sent is not None:
+            text, mid = self._sent
+            self._sent = None
+            self.history.delete_message(mid)
+            self.messages.pop()
+            self.query(UserMessage).last().remove()
+            prompt = self.query_one(PromptInput)
+            if not prompt.text:
+                prompt.text = text
+            if not self.messages and self.conversation is not None:
+                self.history.delete(self.conversation)
+                self.conversation = None
+        self.set_busy("")
+        self.notify(msg.text, title="Not sent", severity="error", timeout=10)
+
+    # -- actions -------------------------------------------------------------------------------
+
+    def action_stop(self) -> None:
+        if self.busy in (GENERATING, RACING):
+            self.stop_event.set()
+
+    def action_regenerate(self) -> None:
+        if not self._can_start():
+            return
+        if not self.messages:
+            self.notify("Nothing to regenerate yet.", severity="warning")
+            return
+        if self.messages[-1]["role"] == "assistant":
+            self.messages.pop()
+            if self.conversation is not None:
+                self.history.delete_last_answer(self.conversation)
+            self.query(Answer).last().remove()
+        self._sent = None
+        self._start_turn()
+
+    def action_new_chat(self) -> None:
+        if self.busy and self.engine is not None:
+            self.notify("Busy: press esc to stop first.", severity="warning")
+            return
+        self._clear_chat()
+
+    def _clear_chat(self) -> None:
+        self.messages, self.conversation, self.last_turn = [], None, None
+        self.query_one("#chat").remove_children()
+
+    def action_toggle_highlight(self) -> None:
+        self.highlight = not self.highlight
+        for answer in self.query(Answer):
+            answer.set_highlight(self.highlight)
+        self.query_one("#legend").set_class(not self.highlight, "off")
+
+    def _last_answer(self) -> Answer | None:
+        answers = [a for a in self.query(Answer) if a is not self.answer]  # finished ones
+        return answers[-1] if answers else None
+
+    def action_toggle_markdown(self) -> None:
+        answer = self._last_answer()
+        if answer is None:
+            self.notify("No finished answer yet.", severity="warning")
+            return
+        answer.toggle_markdown()
+
+    def action_copy_answer(self) -> None:
+        answer = self._last_answer()
+        if answer is None or not answer.text:
+            self.notify("No answer to copy.", severity="warning")
+            return
+        self.copy_to_clipboard(answer.text)
+        self.notify(f"Copied the answer ({len(answer.text)} characters).")
+
+    def action_copy_code(self) -> None:
+        answer = self._last_answer()
+        blocks = CODE_BLOCK.findall(answer.text) if answer is not None else []
+        if not blocks:
+            self.notify("No code block in the last answer.", severity="warning")
+            return
+        self.copy_to_clipboard(blocks[-1])
+        self.notify(f"Copied the code block ({len(blocks[-1].splitlines())} lines).")
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    # -- settings ------------------------------------------------------------------------------
+
+    def action_settings(self) -> None:
+        if self.engine is None or self.switch is None:
+            self.notify("The model is not loaded yet.", severity="warning")
+            return
+        self.push_screen(SettingsScreen(self.settings, self.switch.kinds()), self.apply_settings)
+
+    def _engine_part(self) -> tuple[int | str, str]:
+        assert self.engine is not None
+        return ("auto" if self.engine.adaptive else self.engine.num_draft,
+                drafter_kind(self.engine))
+
+    def apply_settings(self, new: Settings | None) -> None:
+        """Sampling, system prompt and answer length apply to the next turn; drafter and draft
+        length change the engine, so they wait until it is idle."""
+        if new is None:
+            return
+        self.settings = new
+        self.history.set("settings", new.saved())
+        if new.engine_part() == self._engine_part():
+            self.notify("Settings saved.")
+        elif self.busy:
+            self._pending_engine = new.engine_part()
+            self.notify("Drafter / draft length change: after this answer.")
+        else:
+            self._switch(*new.engine_part())
+
+    def _apply_pending(self) -> None:
+        if self._pending_engine is not None:
+            pending, self._pending_engine = self._pending_engine, None
+            self._switch(*pending)
+
+    def _switch(self, num_draft: int | str, kind: str) -> None:
+        self.set_busy(f"switching to {kind}…")
+        self._switch_worker(num_draft, kind)
+
+    @work(thread=True, exclusive=True, group="gen")
+    def _switch_worker(self, num_draft: int | str, kind: str) -> None:
+        assert self.engine is not None and self.switch is not None
+        claim_thread()
+        try:
+            self.switch.select(kind)
+            self.engine.set_num_draft(num_draft)
+            self.post_message(EngineSwitched())
+        except Exception as e:  # noqa: BLE001 - one line for the user
+            self.post_message(EngineSwitched(str(e) if isinstance(e, MlxSpecError)
+                                             else one_line(e)))
+        finally:
+            release_thread()
+
+    def on_engine_switched(self, msg: EngineSwitched) -> None:
+        num_draft, kind = self._engine_part()
+        self.settings = replace(self.settings, num_draft=num_draft, drafter=kind)
+        self._show_engine()
+        self.set_busy("")
+        if msg.error:
+            self.notify(msg.error, title="Drafter not changed", severity="error", timeout=10)
+        else:
+            self.notify(f"Now: {self._engine_label()}.")
+
+    # -- history -------------------------------------------------------------------------------
+
+    def action_conversations(self) -> None:
+        if self.busy and self.engine is not None:
+            self.notify("Busy: press esc to stop first.", severity="warning")
+            return
+        self.push_screen(HistoryScreen(self.history), self.open_conversation)
+
+    def open_conversation(self, conversation: int | None) -> None:
+        """Show a saved conversation; the engine re-prefills it on the next turn by itself."""
+        if conversation is None:
+            if self.conversation is not None and not self.history.exists(self.conversation):
+                self._clear_chat()  # the open conversation was just deleted
+            return
+        self._clear_chat()
+        self.conversation = conversation
+        chat = self.query_one("#chat", VerticalScroll)
+        for m in self.history.messages(conversation):
+            self.messages.append({"role": m["role"], "content": m["content"]})
+            if m["role"] != "assistant":
+                chat.mount(UserMessage(m["content"]))
+                continue
+            answer = Answer(self.highlight)
+            answer.extend([(text, kind) for text, kind in m["kinds"] or [[m["content"], ""]]])
+            stats = stats_from_dict(m["stats"]) if m["stats"] else None
+            line = stats_line(stats, None) + " · saved" if stats else "saved"
+            answer.finish(stats, line)
+            answer.partial = m["partial"]
+            chat.mount(answer)
+        chat.anchor()
+
+    # -- race ----------------------------------------------------------------------------------
+
+    def action_race(self) -> None:
+        if not self._can_start():
+            return
+        if self.last_turn is None:
+            self.notify("Race needs a finished answer first.", severity="warning")
+            return
+        self.stop_event = threading.Event()
+        self.set_busy(RACING)
+        self._race(self.last_turn.messages, self.settings,
+                   max(self.last_turn.end.stats.generated_tokens, 1), self.stop_event)
+
+    @work(thread=True, exclusive=True, group="gen")
+    def _race(self, messages: list[dict[str, str]], settings: Settings, tokens: int,
+              stop: threading.Event) -> None:
+        """The same prompt, sampling and length on a drafter-less engine sharing the target's
+        weights: the main engine's drafter and caches are left untouched."""
+        engine = self.engine
+        assert engine is not None
+        claim_thread()
+        try:
+            if self._plain is None or self._plain.target is not engine.target:
+                self._plain = Engine(engine.target, engine.tokenizer, None)
+            ids = encode_chat(engine.tokenizer, messages)
+            for ev in self._plain.generate(ids, max_tokens=tokens, sampling=settings.sampling,
+                                           stop=stop):
+                if isinstance(ev, TurnEnd):
+                    self.post_message(RaceDone(ev))
+        except Exception as e:  # noqa: BLE001
+            self.post_message(TurnFailed(str(e) if isinstance(e, MlxSpecError)
+                                         else f"race failed: {one_line(e)}"))
+        finally:
+            release_thread()
+
+    def on_race_done(self, msg: RaceDone) -> None:
+        self.set_busy("")
+        last = self.last_turn
+        if last is None:
+            return
+        line = race_line(last.end, msg.end, self.settings.sampling.temperature == 0)
+        if last.answer.is_attached:
+            last.answer.show_race(line)
+        self.notify(line, title="Race", timeout=8)
+
+
+def race_line(spec: TurnEnd, plain: TurnEnd, greedy: bool) -> str:
+    """Both runs' speed side by side; for greedy runs, whether the tokens were the same."""
+    a, b = spec.stats, plain.stats
+    if plain.finish_reason == "cancelled":
+        return "race stopped"
+    line = (f"race · speculative ({a.drafter}) {a.tok_s:.1f} tok/s │ target-only "
+            f"{b.tok_s:.1f} tok/s │ ×{a.tok_s / b.tok_s if b.tok_s else 0:.2f}")
+    if greedy:
+        n = min(len(spec.tokens), len(plain.tokens))
+        same = spec.tokens[:n] == plain.tokens[:n]
+        line += " │ same tokens" if same else " │ outputs differ (a near-tie)"
+    return line
+
+
+def _remembered(args: dict[str, Any]) -> dict[str, str | None]:
+    """The model to reopen next time: local paths made absolute, hub ids kept as they are."""
+
+    def norm(p: str | None) -> str | None:
+        return str(Path(p).expanduser().resolve()) if p and Path(p).expanduser().exists() else p
+
+    return {"model": norm(args["model"]), "draft_model": norm(args["draft_model"]),
+            "mtp": norm(args["mtp"])}
+
+
+def run_app(*, model: str | None = None, drafter: str = "auto", draft_model: str | None = None,
+            mtp: str | None = None, num_draft: int | str = 4) -> int:
+    """`mlx-spec` / `mlx-spec chat [MODEL]`. Exit code 2 when the model did not load."""
+    app = SpecChatApp(model=model, drafter=drafter, draft_model=draft_model, mtp=mtp,
+                      num_draft=num_draft)
+    try:
+        app.run()
+    finally:
+        app.history.close()
+    return app.return_code or 0

@@ -1,0 +1,225 @@
+"""Modal screens: help, settings, saved conversations, and the load error."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical
+from textual.content import Content
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, OptionList, Select, Static
+from textual.widgets.option_list import Option
+
+from .history import History
+from .settings import Settings
+from .widgets import KIND_LABEL, KIND_STYLE
+
+# The one list of keys: the help screen shows it and docs/APP.md repeats it.
+KEYS = [
+    ("enter", "send the message"),
+    ("ctrl+j", "new line in the message (also shift+enter where the terminal reports it)"),
+    ("escape", "stop generating: the partial answer is kept, marked [stopped]"),
+    ("ctrl+r", "regenerate the last answer"),
+    ("ctrl+n", "new chat"),
+    ("ctrl+o", "saved conversations: open / delete"),
+    ("ctrl+s", "settings: sampling, draft length, drafter, system prompt"),
+    ("ctrl+t", "token highlighting on / off"),
+    ("ctrl+g", "last answer as Markdown / as coloured tokens"),
+    ("f5", "race: the last prompt again, target-only; tok/s side by side"),
+    ("f8", "copy the last answer"),
+    ("f9", "copy the last code block of the last answer"),
+    ("f1", "this help"),
+    ("ctrl+p", "command palette (every action above)"),
+    ("ctrl+q", "quit"),
+]
+
+COLOURS = [
+    ("accepted", "a drafted token the target agreed with"),
+    ("corrected", "the target's own token where it rejected a draft (bold, underlined)"),
+    ("bonus", "the target's extra token after it accepted every draft (italic)"),
+    ("target", "decoded by the target alone (speculation off, or not worth it)"),
+]
+
+
+def help_content() -> Content:
+    rows = [Content.styled("Keys", "bold")]
+    rows += [Content.assemble((f"  {key:<9}", "bold $text-accent"), text) for key, text in KEYS]
+    rows += [Content(""), Content.styled("Token colours", "bold")]
+    rows += [Content.assemble("  ", (f"{KIND_LABEL[k]:<20}", KIND_STYLE[k] or "$text-muted"),
+                              f" {text}") for k, text in COLOURS]
+    rows += [Content(""), Content(
+        "Under each answer: tokens, tok/s, time to first token, acceptance, tokens per target "
+        "pass, speedup against a target-only baseline timed at load, draft / verify time.")]
+    return Content("\n").join(rows)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,f1,q", "dismiss", "close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Vertical { width: 96; height: auto; max-height: 90%; border: thick $primary;
+                            padding: 1 2; background: $surface; }
+    HelpScreen Button { margin-top: 1; }
+    """
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(help_content())
+            yield Button("Close (esc)", id="close")
+
+    def on_button_pressed(self) -> None:
+        self.dismiss()
+
+
+class SettingsScreen(ModalScreen[Settings | None]):
+    """Edit the settings; dismisses with new Settings, or None when cancelled."""
+
+    BINDINGS = [Binding("escape", "cancel", "cancel"), Binding("ctrl+s", "save", "save")]
+    DEFAULT_CSS = """
+    SettingsScreen { align: center middle; }
+    SettingsScreen > Vertical { width: 84; height: auto; border: thick $primary;
+                                padding: 1 2; background: $surface; }
+    SettingsScreen Grid { grid-size: 2; grid-columns: 24 1fr; height: auto; grid-gutter: 0 1; }
+    SettingsScreen Label { padding: 1 0; }
+    SettingsScreen #error { color: $error; height: auto; }
+    SettingsScreen Horizontal { height: auto; }
+    SettingsScreen Button { margin-right: 2; }
+    """
+
+    def __init__(self, current: Settings, drafters: list[str]) -> None:
+        super().__init__()
+        self.current, self.drafters = current, drafters
+
+    def compose(self) -> ComposeResult:
+        s, c = self.current.sampling, self.current
+        fields = [
+            ("temperature (0 = greedy)", Input(str(s.temperature), id="temperature")),
+            ("top-p", Input(str(s.top_p), id="top_p")),
+            ("top-k (0 = off)", Input(str(s.top_k), id="top_k")),
+            ("draft length", Input(str(c.num_draft), id="num_draft", placeholder="1..16 or auto")),
+            ("drafter", Select([(d, d) for d in self.drafters], value=c.drafter, id="drafter",
+                               allow_blank=False)),
+            ("max tokens per answer", Input(str(c.max_tokens), id="max_tokens")),
+            ("system prompt", Input(c.system_prompt, id="system_prompt",
+                                    placeholder="(none)")),
+        ]
+        with Vertical():
+            yield Static(Content.styled("Settings", "bold"))
+            with Grid():
+                for label, widget in fields:
+                    yield Label(label)
+                    yield widget
+            yield Static("", id="error")
+            with Horizontal():
+                yield Button("Save (ctrl+s)", id="save", variant="primary")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def _value(self, name: str) -> str:
+        return self.query_one(f"#{name}", Input).value.strip()
+
+    def parse(self) -> Settings:
+        """The form as Settings; raises ValueError with a readable message."""
+        try:
+            sampling = replace(self.current.sampling,  # SamplingConfig validates its values
+                               temperature=float(self._value("temperature")),
+                               top_p=float(self._value("top_p")), top_k=int(self._value("top_k")))
+        except ValueError as e:
+            raise ValueError(str(e).replace("could not convert string to float", "not a number")
+                             ) from None
+        nd = self._value("num_draft").lower()
+        if nd != "auto" and not (nd.isdigit() and 1 <= int(nd) <= 16):
+            raise ValueError("draft length must be 1..16 or auto")
+        max_tokens = self._value("max_tokens")
+        if not (max_tokens.isdigit() and int(max_tokens) >= 1):
+            raise ValueError("max tokens must be a whole number >= 1")
+        drafter = str(self.query_one("#drafter", Select).value)
+        return Settings(sampling, "auto" if nd == "auto" else int(nd), drafter,
+                        self._value("system_prompt"), int(max_tokens))
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.action_save() if event.button.id == "save" else self.action_cancel()
+
+    def on_input_submitted(self) -> None:
+        self.action_save()
+
+    def action_save(self) -> None:
+        try:
+            self.dismiss(self.parse())
+        except ValueError as e:
+            self.query_one("#error", Static).update(Content(f"invalid: {e}"))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class HistoryScreen(ModalScreen[int | None]):
+    """Saved conversations, newest first: enter opens one, d or delete removes it."""
+
+    BINDINGS = [Binding("escape", "dismiss(None)", "close"),
+                Binding("d,delete", "delete", "delete")]
+    DEFAULT_CSS = """
+    HistoryScreen { align: center middle; }
+    HistoryScreen > Vertical { width: 90; height: 26; border: thick $primary;
+                               background: $surface; padding: 0 1; }
+    HistoryScreen OptionList { height: 1fr; }
+    """
+
+    def __init__(self, history: History) -> None:
+        super().__init__()
+        self.history = history
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(Content.assemble(("Saved conversations", "bold"),
+                                          "   enter: open · d: delete · esc: close"))
+            yield OptionList(*self._options())
+
+    def _options(self) -> list[Option]:
+        return [Option(Content(f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(t))}  {title}"),
+                       id=str(cid)) for cid, title, t in self.history.conversations()]
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(int(event.option.id or 0))
+
+    def action_delete(self) -> None:
+        ol = self.query_one(OptionList)
+        if ol.highlighted is None:
+            return
+        index = ol.highlighted
+        self.history.delete(int(ol.get_option_at_index(index).id or 0))
+        ol.clear_options()
+        ol.add_options(self._options())
+        if ol.option_count:
+            ol.highlighted = min(index, ol.option_count - 1)
+
+
+class LoadErrorScreen(ModalScreen[str]):
+    """The model did not load: its one-line reason, then quit (exit code 2) or try the demo."""
+
+    BINDINGS = [Binding("escape,q", "dismiss('quit')", "quit")]
+    DEFAULT_CSS = """
+    LoadErrorScreen { align: center middle; }
+    LoadErrorScreen > Vertical { width: 90; height: auto; border: thick $error; padding: 1 2;
+                                 background: $surface; }
+    LoadErrorScreen Horizontal { height: auto; margin-top: 1; }
+    LoadErrorScreen Button { margin-right: 2; }
+    """
+
+    def __init__(self, message: str, can_use_demo: bool) -> None:
+        super().__init__()
+        self.message, self.can_use_demo = message, can_use_demo
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(Content.styled("The model could not be loaded", "bold $text-error"))
+            yield Static(Content(self.message), id="message")
+            with Horizontal():
+                yield Button("Quit (esc)", id="quit", variant="error")
+                if self.can_use_demo:
+                    yield Button("Use the demo model", id="demo", variant="primary")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id or "quit")

@@ -1,0 +1,115 @@
+"""What crosses from the engine's worker threads to the UI thread.
+
+Tokens go through `TokenBuffer`, which the UI drains on a 30 Hz timer: one `call_from_thread` per
+token would block the engine on the UI's event loop every token (about 130 tok/s at most).
+Rare events (engine ready, turn end, failures) are posted as messages.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from textual.message import Message
+
+from mlx_spec import Baseline, Engine, TokenEvent, TurnEnd
+
+# Characters Textual's Content strips from text. Removed before spans are computed, so the
+# span offsets of coloured tokens stay aligned with the text that is displayed.
+_STRIPPED = dict.fromkeys([7, 8, 11, 12, 13])
+
+
+def clean(text: str) -> str:
+    return text.translate(_STRIPPED)
+
+
+# MLX streams are thread-local, and these two functions are the ONLY places the app touches MLX
+# directly (everything else goes through mlx_spec's public API). Every worker that runs MLX calls
+# claim_thread() first and release_thread() in its `finally:`.
+
+
+def claim_thread() -> None:
+    """Give this thread a fresh default stream. Textual runs thread workers on a reused thread
+    pool, and a pool thread whose streams an earlier worker released has none left: without
+    this, the next turn on that thread fails with "There is no Stream(cpu, N) in current
+    thread"."""
+    import mlx.core as mx
+
+    mx.set_default_stream(mx.new_stream(mx.default_device()))
+
+
+def release_thread() -> None:
+    """Free this thread's MLX streams: a thread that ends holding them can crash the process at
+    exit. (The engine leaves no lazy array behind at the end of a turn, so nothing later needs
+    these streams.)"""
+    import mlx.core as mx
+
+    mx.clear_streams()
+
+
+def one_line(error: BaseException) -> str:
+    """A user-facing line for an unexpected error (MlxSpecError's str() already is one)."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+class TokenBuffer:
+    """Tokens produced by the worker, waiting for the UI's next flush.
+
+    deque.append and deque.popleft are atomic, so the worker never waits for the UI."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[str, str]] = deque()
+
+    def push(self, event: TokenEvent) -> None:
+        self._items.append((clean(event.text), event.kind.value))
+
+    def drain(self) -> list[tuple[str, str]]:
+        out = []
+        items = self._items
+        while items:
+            out.append(items.popleft())
+        return out
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class EngineReady(Message):
+    def __init__(self, engine: Engine, baseline: Baseline,
+                 load_args: dict[str, Any] | None = None) -> None:
+        """load_args: what load_engine was given (None: the engine was given to the app)."""
+        super().__init__()
+        self.engine, self.baseline, self.load_args = engine, baseline, load_args
+
+
+class LoadFailed(Message):
+    def __init__(self, text: str, model: str | None) -> None:
+        super().__init__()
+        self.text, self.model = text, model
+
+
+class TurnDone(Message):
+    def __init__(self, end: TurnEnd) -> None:
+        super().__init__()
+        self.end = end
+
+
+class TurnFailed(Message):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
+class RaceDone(Message):
+    def __init__(self, end: TurnEnd) -> None:
+        super().__init__()
+        self.end = end
+
+
+class EngineSwitched(Message):
+    """Drafter / draft length changed (or failed to, with a message)."""
+
+    def __init__(self, error: str | None = None) -> None:
+        super().__init__()
+        self.error = error

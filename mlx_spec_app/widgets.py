@@ -1,0 +1,262 @@
+"""Widgets: an answer coloured token by token, its stats line, the side panel, the input box."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from textual import events
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content, Span
+from textual.message import Message
+from textual.widgets import Markdown, Static, TextArea
+
+from mlx_spec import Baseline, TurnStats
+
+from .session import MB, SessionTotals
+
+# Theme variables, so every theme keeps the meaning. Not colour-only: a correction is also bold
+# and underlined, a bonus token italic; accepted and target-only text differ by colour alone, and
+# the acceptance numbers say how much of each there is.
+KIND_STYLE = {
+    "accepted": "$success",
+    "corrected": "bold underline $error",
+    "bonus": "italic $primary",
+    "target": "",
+}
+KIND_LABEL = {
+    "accepted": "accepted draft",
+    "corrected": "corrected by target",
+    "bonus": "bonus",
+    "target": "target only",
+}
+LEGEND = Content(" ").join(
+    Content.styled(f"■ {KIND_LABEL[k]}", KIND_STYLE[k] or "$text-muted") for k in KIND_STYLE
+)
+STOPPED = "[stopped]"
+
+
+def stats_from_dict(d: dict[str, Any]) -> TurnStats:
+    """TurnStats back from its to_dict() (history stores that), ignoring derived fields."""
+    names = {f.name for f in fields(TurnStats)}
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names}
+    return TurnStats(**kw)
+
+
+def stats_line(s: TurnStats, baseline: Baseline | None) -> str:
+    """One line under an answer. Speedup is against the target-only baseline measured at load."""
+    parts = [f"{s.generated_tokens} tokens", f"{s.tok_s:.1f} tok/s",
+             f"TTFT {s.ttft_s * 1e3:.0f} ms"]
+    if s.drafted:
+        parts.append(f"acceptance {s.acceptance_rate:.0%}")
+    parts.append(f"{s.tokens_per_pass:.2f} tok/pass")
+    if baseline is not None and baseline.tok_s > 0:
+        parts.append(f"speedup ×{baseline.speedup(s.tok_s):.2f}")
+    parts.append(f"draft {s.draft_s * 1e3:.0f} ms / verify {s.verify_s * 1e3:.0f} ms")
+    k = f"auto≤{s.num_draft}" if s.adaptive else str(s.num_draft)
+    parts.append(f"{s.drafter} k={k}" if s.drafter != "none" else "no drafter")
+    if s.finish_reason == "cancelled":
+        parts.insert(0, STOPPED)
+    return " · ".join(parts)
+
+
+def sparkline(percents: list[float], width: int) -> Content:
+    """The last `width` values as one line of block characters on a fixed 0..100 scale (Textual's
+    Sparkline rescales to the data, which makes a steady 5% look like 100%)."""
+    if not percents:
+        return Content("–")
+    ticks = "▁▂▃▄▅▆▇█"
+    bars = "".join(ticks[min(7, int(p / 100 * 8))] for p in percents[-width:])
+    return Content.assemble((bars, "$success"), f" {percents[-1]:.0f}%")
+
+
+class Answer(Vertical):
+    """One assistant answer: coloured tokens while streaming, Markdown on demand afterwards."""
+
+    DEFAULT_CSS = """
+    Answer { height: auto; margin: 0 0 1 0; }
+    Answer > .tokens { height: auto; }
+    Answer > Markdown { height: auto; margin: 0; padding: 0; }
+    Answer > .stats { color: $text-muted; height: auto; }
+    Answer > .race { color: $text-accent; height: auto; display: none; }
+    Answer.raced > .race { display: block; }
+    Answer.markdown > .tokens { display: none; }
+    Answer > Markdown { display: none; }
+    Answer.markdown > Markdown { display: block; }
+    """
+
+    def __init__(self, highlight: bool = True) -> None:
+        super().__init__(classes="answer")
+        self.highlight = highlight
+        self.kinds: list[str] = []
+        self.stats: TurnStats | None = None
+        self.partial = False
+        self._parts: list[str] = []
+        self._length = 0
+        self._runs: list[Span] = []  # adjacent tokens of one kind merged; style = kind name
+        # built here, not in compose, so they can be updated before the answer is mounted
+        self._tokens = Static(classes="tokens")
+        self._stats = Static(classes="stats")
+        self._race = Static(classes="race")
+
+    def compose(self):
+        yield self._tokens
+        yield self._stats
+        yield self._race
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    @property
+    def runs(self) -> list[list[str]]:
+        """[[text, kind], ...] with adjacent same-kind tokens merged (what history stores)."""
+        text = self.text
+        return [[text[r.start:r.end], str(r.style)] for r in self._runs]
+
+    def extend(self, pieces: list[tuple[str, str]]) -> None:
+        """Append (text, kind) tokens and redraw (called at most 30 times a second)."""
+        for text, kind in pieces:
+            self.kinds.append(kind)
+            if not text:
+                continue
+            start, self._length = self._length, self._length + len(text)
+            self._parts.append(text)
+            runs = self._runs
+            if runs and runs[-1].style == kind and runs[-1].end == start:
+                runs[-1] = Span(runs[-1].start, self._length, kind)
+            else:
+                runs.append(Span(start, self._length, kind))
+        self._redraw()
+
+    @property
+    def content(self) -> Content:
+        """The answer as displayed in token view: styled by kind when highlighting is on."""
+        spans = None
+        if self.highlight:  # a fresh list: Content keeps the one it is given
+            spans = [Span(r.start, r.end, KIND_STYLE[str(r.style)])
+                     for r in self._runs if KIND_STYLE.get(str(r.style))]
+        return Content(self.text, spans)
+
+    def _redraw(self) -> None:
+        self._tokens.update(self.content)
+
+    def set_highlight(self, on: bool) -> None:
+        self.highlight = on
+        self._redraw()
+
+    def finish(self, stats: TurnStats | None, line: str) -> None:
+        self.stats = stats
+        self.partial = stats is not None and stats.finish_reason == "cancelled"
+        self.show_line(line)
+
+    def show_line(self, line: str) -> None:
+        self._stats.update(Content(line))  # plain text, never markup
+
+    def show_race(self, line: str) -> None:
+        self._race.update(Content(line))
+        self.add_class("raced")
+
+    def toggle_markdown(self) -> bool:
+        """Switch between coloured tokens and Markdown; True when Markdown is now shown."""
+        if not self.query(Markdown):
+            self.mount(Markdown(self.text), after=self._tokens)
+        self.toggle_class("markdown")
+        return self.has_class("markdown")
+
+
+class UserMessage(Static):
+    DEFAULT_CSS = """
+    UserMessage { background: $boost; padding: 0 1; margin: 0 0 1 0;
+                  border-left: outer $primary; }
+    """
+
+    def __init__(self, text: str) -> None:
+        super().__init__(Content(text))  # user text is never parsed as markup
+        self.text = text
+
+
+class StatsPanel(VerticalScroll):
+    """Session totals, per-position acceptance bars, acceptance over turns, memory."""
+
+    DEFAULT_CSS = """
+    StatsPanel { width: 40; border-left: solid $primary; padding: 0 1; }
+    StatsPanel > Static { height: auto; margin-bottom: 1; }
+    StatsPanel > .title { margin-bottom: 0; text-style: bold; color: $text-primary; }
+    StatsPanel > #method { color: $text-muted; }
+    """
+    BAR = 20
+
+    def compose(self):
+        yield Static("Engine", classes="title")
+        yield Static("loading…", id="engine")
+        yield Static("", id="method")
+        yield Static("Session", classes="title")
+        yield Static("no turns yet", id="totals")
+        yield Static("Acceptance by draft position", classes="title")
+        yield Static("–", id="positions")
+        yield Static("Acceptance, last turns (0–100%)", classes="title")
+        yield Static("–", id="trend")
+        yield Static("Memory", classes="title")
+        yield Static("–", id="memory")
+
+    def show_engine(self, text: str, baseline: Baseline | None) -> None:
+        self.query_one("#engine", Static).update(Content(text))
+        if baseline is not None and baseline.tok_s > 0:
+            self.query_one("#method", Static).update(Content(
+                f"speedup = tok/s ÷ baseline {baseline.tok_s:.1f} tok/s: {baseline.method}"))
+
+    def show_totals(self, t: SessionTotals, baseline: Baseline | None) -> None:
+        lines = [f"{t.turns} turns · {t.tokens} tokens", f"{t.tok_s:.1f} tok/s average"]
+        if baseline is not None and baseline.tok_s > 0:
+            lines.append(f"speedup ×{baseline.speedup(t.tok_s):.2f} vs baseline")
+        lines.append(f"{t.tokens_per_pass:.2f} tokens / target pass")
+        lines.append(f"acceptance {t.acceptance_rate:.0%} of {t.drafted} drafted"
+                     if t.drafted else "nothing drafted yet")
+        self.query_one("#totals", Static).update(Content("\n".join(lines)))
+        self.query_one("#positions", Static).update(self._bars(t))
+        self.query_one("#trend", Static).update(sparkline(t.acceptance, self.BAR + 6))
+        self._memory(t.last)
+
+    def _bars(self, t: SessionTotals) -> Content:
+        rows = []
+        for pos, rate, _ in t.per_position():
+            full = round(rate * self.BAR)
+            rows.append(Content.assemble(
+                f"{pos:>2} ", ("█" * full, "$success"), ("░" * (self.BAR - full), "$text-muted"),
+                f" {rate:4.0%}"))
+        return Content("\n").join(rows) if rows else Content("–")
+
+    def _memory(self, s: TurnStats | None) -> None:
+        if s is None:
+            return
+        self.query_one("#memory", Static).update(Content(
+            f"target   {s.target_bytes / MB:7.1f} MB\n"
+            f"drafter  {s.drafter_bytes / MB:7.1f} MB\n"
+            f"KV cache {s.kv_cache_bytes / MB:7.1f} MB\n"
+            f"peak     {s.peak_memory / MB:7.1f} MB (last turn)"))
+
+
+class PromptInput(TextArea):
+    """The message box. Enter sends; ctrl+j (or shift/alt+enter where the terminal reports them)
+    inserts a newline: a plain TextArea would insert one on enter."""
+
+    NEWLINE_KEYS = frozenset({"ctrl+j", "shift+enter", "alt+enter"})
+
+    class Submitted(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Submitted(self.text))
+            return
+        if event.key in self.NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        await super()._on_key(event)

@@ -1,0 +1,53 @@
+"""A recorded event stream standing in for the engine.
+
+Snapshot tests use it: a real engine's timings (tok/s, TTFT, draft/verify times) differ from run
+to run, so its screens can never match a stored SVG. Everything else is tested on the real engine
+(test_pilot.py)."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+from mlx_spec import Kind, SamplingConfig, TokenEvent, TurnEnd, TurnStats
+
+A, C, B, T = Kind.ACCEPTED, Kind.CORRECTED, Kind.BONUS, Kind.TARGET
+
+# an answer as the demo pair might give it, with every kind of token
+ANSWER = [
+    ("def", A), (" add", A), ("(a", C), (",", A), (" b", A), ("):", B), ("\n   ", C),
+    (" return", A), (" a", A), (" +", A), (" b", B), ("\n", T), ("\n", T), ("print", C),
+    ("(add", A), ("(1", A), (",", A), (" 2", B), ("))", T),
+]
+
+STATS = TurnStats(  # fixed numbers: see the module docstring
+    prompt_tokens=15, generated_tokens=len(ANSWER), target_passes=8, drafted=24, accepted=11,
+    per_position_drafted=(8, 8, 8), per_position_accepted=(6, 3, 2), prefill_s=0.010,
+    draft_s=0.020, verify_s=0.080, ttft_s=0.015, total_s=0.110, peak_memory=6 * 2**20,
+    target_bytes=2663168, drafter_bytes=2198784, kv_cache_bytes=524288, drafter="mtp",
+    num_draft=3, finish_reason="stop",
+)
+
+
+class FakeTokenizer:
+    chat_template = None  # encode_chat then uses a plain transcript
+
+    def encode(self, text: str, **_) -> list[int]:
+        return [ord(c) % 256 for c in text]
+
+
+class FakeEngine:
+    """The attributes of Engine the app reads, and a generate() replaying ANSWER."""
+
+    def __init__(self) -> None:
+        self.tokenizer = FakeTokenizer()
+        self.target = SimpleNamespace(name="demo-target-q8", context_length=4096)
+        self.drafter = SimpleNamespace(name="mtp")
+        self.num_draft, self.adaptive = 3, False
+
+    def generate(self, prompt: list[int], *, max_tokens: int = 256,
+                 sampling: SamplingConfig | None = None, num_draft: int | None = None,
+                 stop: threading.Event | None = None):
+        for i, (text, kind) in enumerate(ANSWER[:max_tokens]):
+            yield TokenEvent(i, text, kind, 0)
+        yield TurnEnd(STATS, "stop", tuple(range(len(ANSWER))))

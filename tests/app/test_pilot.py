@@ -1,0 +1,224 @@
+"""Pilot tests driving the REAL engine on the bundled demo pair (greedy, short answers).
+
+The engine is loaded once for the module and handed to each app. Outputs are never hard-coded:
+the demo pair is retrained from time to time."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlx_spec import load_engine, measure_baseline
+from mlx_spec_app.app import SpecChatApp
+from mlx_spec_app.history import History
+from mlx_spec_app.screens import HistoryScreen, LoadErrorScreen, SettingsScreen
+from mlx_spec_app.settings import Settings
+from mlx_spec_app.widgets import STOPPED, Answer, PromptInput, StatsPanel, UserMessage
+
+SIZE = (120, 40)
+KINDS = {"accepted", "corrected", "bonus", "target"}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    # k fixed at 3: every round drafts, so answers always hold drafted-token kinds ("auto" may
+    # turn speculation off on a CPU, where the quantized target cannot gain from it)
+    return load_engine(num_draft=3)
+
+
+@pytest.fixture(scope="module")
+def baseline(engine):
+    return measure_baseline(engine, tokens=8, repeats=1)
+
+
+def make_app(engine, baseline, max_tokens: int = 24) -> SpecChatApp:
+    app = SpecChatApp(engine=engine, baseline=baseline, history=History())
+    app.settings = Settings(max_tokens=max_tokens, num_draft=3, drafter="mtp")
+    return app
+
+
+async def idle(pilot, timeout: float = 30.0) -> None:
+    """Wait until the engine is idle again (and the UI has caught up)."""
+    waited = 0.0
+    while pilot.app.busy and waited < timeout:
+        await pilot.pause(0.02)
+        waited += 0.02
+    assert not pilot.app.busy, f"still {pilot.app.busy} after {timeout}s"
+    await pilot.pause()
+
+
+async def send(pilot, text: str) -> Answer:
+    pilot.app.query_one(PromptInput).text = text
+    await pilot.press("enter")
+    await idle(pilot)
+    return pilot.app.query(Answer).last()
+
+
+async def test_answer_streams_coloured_tokens_and_stats(engine, baseline, home):
+    app = make_app(engine, baseline)
+    async with app.run_test(size=SIZE) as pilot:
+        answer = await send(pilot, "def add(a, b):")
+        assert answer.text and set(answer.kinds) <= KINDS
+        assert set(answer.kinds) - {"target"}  # k=3: every round drafted
+        styles = {str(span.style) for span in answer.content.spans}
+        assert any("$success" in s or "$error" in s or "$primary" in s for s in styles)
+        line = str(answer.query_one(".stats").render())
+        for part in ("tokens", "tok/s", "TTFT", "tok/pass", "speedup", "draft", "verify"):
+            assert part in line
+        panel = app.query_one(StatsPanel)
+        assert "1 turns" in str(panel.query_one("#totals").render())
+        assert "%" in str(panel.query_one("#positions").render())
+        assert "MB" in str(panel.query_one("#memory").render())
+        assert baseline.method in str(panel.query_one("#method").render())
+
+
+async def test_highlight_and_markdown_toggles(engine, baseline, home):
+    app = make_app(engine, baseline)
+    async with app.run_test(size=SIZE) as pilot:
+        answer = await send(pilot, "def f(x):")
+        await pilot.press("ctrl+t")
+        assert not answer.content.spans
+        await pilot.press("ctrl+t")
+        assert answer.content.spans
+        await pilot.press("ctrl+g")
+        await pilot.pause()
+        assert answer.has_class("markdown") and answer.query("Markdown")
+        await pilot.press("ctrl+g")
+        assert not answer.has_class("markdown")
+
+
+async def test_escape_stops_and_keeps_partial_answer(engine, baseline, home):
+    app = make_app(engine, baseline, max_tokens=3000)
+    async with app.run_test(size=SIZE) as pilot:
+        app.query_one(PromptInput).text = "class Parser:"
+        await pilot.press("enter")
+        while app.busy and not app.query(Answer).last().kinds:
+            await pilot.pause(0.02)  # until the first tokens are on screen
+        await pilot.press("escape")
+        await idle(pilot)
+        answer = app.query(Answer).last()
+        if answer.stats.finish_reason != "cancelled":
+            pytest.skip("the model ended its answer before esc arrived")
+        assert answer.partial and answer.text
+        assert str(answer.query_one(".stats").render()).startswith(STOPPED)
+        saved = app.history.messages(app.conversation)
+        assert saved[-1]["partial"] and saved[-1]["content"] == answer.text
+
+
+async def test_regenerate_replaces_the_answer(engine, baseline, home):
+    app = make_app(engine, baseline)
+    async with app.run_test(size=SIZE) as pilot:
+        first = (await send(pilot, "def g(x):")).text
+        await pilot.press("ctrl+r")
+        await idle(pilot)
+        answers = app.query(Answer)
+        assert len(answers) == 1 and answers.last().text == first  # greedy: the same again
+        assert [m["role"] for m in app.messages] == ["user", "assistant"]
+        assert [m["role"] for m in app.history.messages(app.conversation)] == ["user",
+                                                                                "assistant"]
+
+
+async def test_history_survives_a_restart(engine, baseline, home):
+    app = make_app(engine, baseline)
+    async with app.run_test(size=SIZE) as pilot:
+        answer = await send(pilot, "def saved(x):")
+        text, kinds = answer.text, answer.runs
+    app2 = make_app(engine, baseline)  # same MLX_SPEC_HOME: a new process would see this
+    async with app2.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+o")
+        assert isinstance(app2.screen, HistoryScreen)
+        await pilot.press("enter")
+        await pilot.pause()
+        restored = app2.query(Answer).last()
+        assert restored.text == text and restored.runs == kinds
+        assert [m["role"] for m in app2.messages] == ["user", "assistant"]
+        follow_up = await send(pilot, "def more(y):")  # the engine re-prefills by itself
+        assert follow_up.stats.prompt_tokens > len(text) // 8
+        assert len(app2.history.messages(app2.conversation)) == 4
+        await pilot.press("ctrl+o", "d", "escape")  # delete the open conversation
+        await pilot.pause()
+        assert not app2.history.conversations() and not app2.query(Answer)
+
+
+async def test_settings_drafter_off_gives_target_tokens(engine, baseline, home):
+    app = make_app(engine, baseline)
+    original = engine.drafter
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+s")
+        screen = app.screen
+        assert isinstance(screen, SettingsScreen)
+        screen.query_one("#drafter").value = "none"
+        await pilot.press("ctrl+s")  # save
+        await idle(pilot)
+        assert engine.drafter is None
+        answer = await send(pilot, "def h(x):")
+        assert set(answer.kinds) == {"target"} and answer.stats.drafted == 0
+        app.apply_settings(Settings(max_tokens=24, num_draft=3, drafter="mtp"))
+        await idle(pilot)
+        assert engine.drafter is original  # the same drafter object back, nothing reloaded
+
+
+async def test_race_shows_both_speeds(engine, baseline, home):
+    app = make_app(engine, baseline)
+    async with app.run_test(size=SIZE) as pilot:
+        answer = await send(pilot, "def race(x):")
+        drafter = engine.drafter
+        await pilot.press("f5")
+        await idle(pilot)
+        line = str(answer.query_one(".race").render())
+        assert "speculative" in line and "target-only" in line and "tok/s" in line
+        assert "same tokens" in line or "differ" in line
+        assert engine.drafter is drafter  # the race never touched the main engine
+
+
+async def test_copy_answer_and_code_block(engine, baseline, home):
+    app = make_app(engine, baseline)
+    async with app.run_test(size=SIZE) as pilot:
+        answer = await send(pilot, "def copy(x):")
+        await pilot.press("f8")
+        assert app.clipboard == answer.text
+        answer.extend([("\n```python\nprint(1)\n```", "target")])  # a block, to copy
+        await pilot.press("f9")
+        assert app.clipboard == "print(1)\n"
+
+
+async def test_bad_input_empty_and_too_long(engine, baseline, home):
+    app = make_app(engine, baseline)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("enter")  # empty: nothing sent, a notification
+        await pilot.pause()
+        assert not app.query(UserMessage)
+        assert any("Empty" in n.message for n in app._notifications)
+        huge = "def f(x):\n    return x\n" * 2000  # far beyond the model's 4096 tokens
+        app.query_one(PromptInput).text = huge
+        await pilot.press("enter")
+        await idle(pilot)
+        assert not app.query(UserMessage) and not app.query(Answer)  # nothing half-sent
+        assert app.query_one(PromptInput).text == huge.rstrip()  # given back to edit
+        assert any("context" in n.message for n in app._notifications)
+        assert not app.history.conversations()
+
+
+async def test_newline_key_and_resize_mid_stream(engine, baseline, home):
+    app = make_app(engine, baseline, max_tokens=200)
+    async with app.run_test(size=SIZE) as pilot:
+        prompt = app.query_one(PromptInput)
+        await pilot.press("d", "e", "f", "ctrl+j", "x")
+        assert prompt.text == "def\nx"
+        await pilot.press("enter")
+        for size in [(80, 24), (60, 20), (140, 50), SIZE]:
+            await pilot.resize_terminal(*size)
+            await pilot.pause(0.05)
+        await idle(pilot)
+        assert app.query(Answer).last().stats is not None
+
+
+async def test_load_failure_shows_one_line_and_exits_2(home):
+    app = SpecChatApp(model=str(home / "no-such-model"))
+    async with app.run_test(size=SIZE) as pilot:
+        while not (isinstance(app.screen, LoadErrorScreen) and app.screen.query("#message")):
+            await pilot.pause(0.05)
+        message = str(app.screen.query_one("#message").render())
+        assert "not found" in message and "\n" not in message and "Traceback" not in message
+        await pilot.press("escape")
+        await pilot.pause()
+    assert app.return_code == 2

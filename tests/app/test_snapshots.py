@@ -1,0 +1,53 @@
+"""SVG snapshots of the main screens, fed the recorded stream in fakes.py (timings of a real
+engine change every run, so a real engine's screens cannot be compared with stored SVGs).
+
+Update after an intended change: uv run pytest tests/app/test_snapshots.py --snapshot-update"""
+
+from __future__ import annotations
+
+from mlx_spec import Baseline
+from mlx_spec_app.app import SpecChatApp
+from mlx_spec_app.widgets import PromptInput
+
+from .fakes import FakeEngine
+
+SIZE = (120, 40)
+BASELINE = Baseline(200.0, 32, "fixed for the snapshot")
+
+
+def make_app() -> SpecChatApp:
+    return SpecChatApp(engine=FakeEngine(), baseline=BASELINE)  # type: ignore[arg-type]
+
+
+async def still_cursor(pilot) -> None:
+    pilot.app.query_one(PromptInput).cursor_blink = False  # a blinking cursor is not stable
+
+
+async def one_turn(pilot) -> None:
+    await still_cursor(pilot)
+    pilot.app.query_one(PromptInput).text = "Write add(a, b) and call it"
+    await pilot.press("enter")
+    while pilot.app.busy:
+        await pilot.pause(0.02)
+    await pilot.pause()
+
+
+def test_chat_after_one_turn(snap_compare, home):
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=one_turn)
+
+
+def test_chat_without_highlighting(snap_compare, home):
+    async def run(pilot):
+        await one_turn(pilot)
+        await pilot.press("ctrl+t")
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run)
+
+
+def test_help_screen(snap_compare, home):
+    assert snap_compare(make_app(), terminal_size=SIZE, press=["f1"], run_before=still_cursor)
+
+
+def test_settings_screen(snap_compare, home):
+    assert snap_compare(make_app(), terminal_size=SIZE, press=["ctrl+s"],
+                        run_before=still_cursor)
