@@ -159,7 +159,7 @@ def prompts_from_corpus(tokenizer: Any, n: int, length: int = 48) -> list[list[i
             break
         text = corpus.read_text(path) if corpus.is_held_out(path) else None
         if text and len(text) > 2000:
-            ids = tokenizer.encode(text, add_special_tokens=False)
+            ids = tokenizer.encode(text[: length * 16], add_special_tokens=False)
             out.append(list(ids[:length]))
     return out
 
