@@ -7,7 +7,6 @@ turn ends and failures arrive as messages.
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -26,21 +25,20 @@ from mlx_spec import (
     Engine,
     MlxSpecError,
     TokenEvent,
-    TurnEnd,
     encode_chat,
     load_engine,
     measure_baseline,
 )
 
+from .actions import HistoryActions, SettingsActions, ViewActions
 from .history import History
-from .screens import HelpScreen, HistoryScreen, LoadErrorScreen, SettingsScreen
+from .race import RACING, LastTurn, RaceMixin
+from .screens import LoadErrorScreen
 from .session import SessionTotals
 from .settings import DrafterSwitch, Settings, drafter_kind
 from .stream import (
     EngineReady,
-    EngineSwitched,
     LoadFailed,
-    RaceDone,
     TokenBuffer,
     TurnDone,
     TurnFailed,
@@ -48,29 +46,15 @@ from .stream import (
     one_line,
     release_thread,
 )
-from .widgets import (
-    LEGEND,
-    Answer,
-    PromptInput,
-    StatsPanel,
-    UserMessage,
-    stats_from_dict,
-    stats_line,
-)
+from .widgets import LEGEND, Answer, PromptInput, StatsPanel, UserMessage, stats_line
 
 FLUSH_HZ = 30
-GENERATING, RACING = "generating", "racing target-only…"  # busy states that esc stops
-CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.S)
+GENERATING = "generating"
 
 
-class LastTurn:
-    """What the race command re-runs, and what it compares against."""
+class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[None]):
+    """The chat. Turns and loading live here; the other actions in actions.py and race.py."""
 
-    def __init__(self, messages: list[dict[str, str]], end: TurnEnd, answer: Answer) -> None:
-        self.messages, self.end, self.answer = messages, end, answer
-
-
-class SpecChatApp(App[None]):
     TITLE = "mlx-spec"
     CSS_PATH = "app.tcss"
     BINDINGS = [
@@ -113,8 +97,6 @@ class SpecChatApp(App[None]):
         self.totals = SessionTotals()
         self.last_turn: LastTurn | None = None
         self._sent: tuple[str, int] | None = None  # (text, message id) of an unanswered send
-        self._pending_engine: tuple[int | str, str] | None = None
-        self._plain: Engine | None = None  # drafter-less engine for races, built on first use
 
     # -- layout --------------------------------------------------------------------------------
 
@@ -361,7 +343,7 @@ class SpecChatApp(App[None]):
                 self.history.delete(self.conversation)
                 self.conversation = None
         self.set_busy("")
-        self.notify(msg.text, title="Not sent", severity="error", timeout=10)
+        self.notify(msg.text, title=msg.title, severity="error", timeout=10)
 
     # -- actions -------------------------------------------------------------------------------
 
@@ -392,194 +374,6 @@ class SpecChatApp(App[None]):
     def _clear_chat(self) -> None:
         self.messages, self.conversation, self.last_turn = [], None, None
         self.query_one("#chat").remove_children()
-
-    def action_toggle_highlight(self) -> None:
-        self.highlight = not self.highlight
-        for answer in self.query(Answer):
-            answer.set_highlight(self.highlight)
-        self.query_one("#legend").set_class(not self.highlight, "off")
-
-    def _last_answer(self) -> Answer | None:
-        answers = [a for a in self.query(Answer) if a is not self.answer]  # finished ones
-        return answers[-1] if answers else None
-
-    def action_toggle_markdown(self) -> None:
-        answer = self._last_answer()
-        if answer is None:
-            self.notify("No finished answer yet.", severity="warning")
-            return
-        answer.toggle_markdown()
-
-    def action_copy_answer(self) -> None:
-        answer = self._last_answer()
-        if answer is None or not answer.text:
-            self.notify("No answer to copy.", severity="warning")
-            return
-        self.copy_to_clipboard(answer.text)
-        self.notify(f"Copied the answer ({len(answer.text)} characters).")
-
-    def action_copy_code(self) -> None:
-        answer = self._last_answer()
-        blocks = CODE_BLOCK.findall(answer.text) if answer is not None else []
-        if not blocks:
-            self.notify("No code block in the last answer.", severity="warning")
-            return
-        self.copy_to_clipboard(blocks[-1])
-        self.notify(f"Copied the code block ({len(blocks[-1].splitlines())} lines).")
-
-    def action_help(self) -> None:
-        self.push_screen(HelpScreen())
-
-    # -- settings ------------------------------------------------------------------------------
-
-    def action_settings(self) -> None:
-        if self.engine is None or self.switch is None:
-            self.notify("The model is not loaded yet.", severity="warning")
-            return
-        self.push_screen(SettingsScreen(self.settings, self.switch.kinds()), self.apply_settings)
-
-    def _engine_part(self) -> tuple[int | str, str]:
-        assert self.engine is not None
-        return ("auto" if self.engine.adaptive else self.engine.num_draft,
-                drafter_kind(self.engine))
-
-    def apply_settings(self, new: Settings | None) -> None:
-        """Sampling, system prompt and answer length apply to the next turn; drafter and draft
-        length change the engine, so they wait until it is idle."""
-        if new is None:
-            return
-        self.settings = new
-        self.history.set("settings", new.saved())
-        if new.engine_part() == self._engine_part():
-            self.notify("Settings saved.")
-        elif self.busy:
-            self._pending_engine = new.engine_part()
-            self.notify("Drafter / draft length change: after this answer.")
-        else:
-            self._switch(*new.engine_part())
-
-    def _apply_pending(self) -> None:
-        if self._pending_engine is not None:
-            pending, self._pending_engine = self._pending_engine, None
-            self._switch(*pending)
-
-    def _switch(self, num_draft: int | str, kind: str) -> None:
-        self.set_busy(f"switching to {kind}…")
-        self._switch_worker(num_draft, kind)
-
-    @work(thread=True, exclusive=True, group="gen")
-    def _switch_worker(self, num_draft: int | str, kind: str) -> None:
-        assert self.engine is not None and self.switch is not None
-        claim_thread()
-        try:
-            self.switch.select(kind)
-            self.engine.set_num_draft(num_draft)
-            self.post_message(EngineSwitched())
-        except Exception as e:  # noqa: BLE001 - one line for the user
-            self.post_message(EngineSwitched(str(e) if isinstance(e, MlxSpecError)
-                                             else one_line(e)))
-        finally:
-            release_thread()
-
-    def on_engine_switched(self, msg: EngineSwitched) -> None:
-        num_draft, kind = self._engine_part()
-        self.settings = replace(self.settings, num_draft=num_draft, drafter=kind)
-        self._show_engine()
-        self.set_busy("")
-        if msg.error:
-            self.notify(msg.error, title="Drafter not changed", severity="error", timeout=10)
-        else:
-            self.notify(f"Now: {self._engine_label()}.")
-
-    # -- history -------------------------------------------------------------------------------
-
-    def action_conversations(self) -> None:
-        if self.busy and self.engine is not None:
-            self.notify("Busy: press esc to stop first.", severity="warning")
-            return
-        self.push_screen(HistoryScreen(self.history), self.open_conversation)
-
-    def open_conversation(self, conversation: int | None) -> None:
-        """Show a saved conversation; the engine re-prefills it on the next turn by itself."""
-        if conversation is None:
-            if self.conversation is not None and not self.history.exists(self.conversation):
-                self._clear_chat()  # the open conversation was just deleted
-            return
-        self._clear_chat()
-        self.conversation = conversation
-        chat = self.query_one("#chat", VerticalScroll)
-        for m in self.history.messages(conversation):
-            self.messages.append({"role": m["role"], "content": m["content"]})
-            if m["role"] != "assistant":
-                chat.mount(UserMessage(m["content"]))
-                continue
-            answer = Answer(self.highlight)
-            answer.extend([(text, kind) for text, kind in m["kinds"] or [[m["content"], ""]]])
-            stats = stats_from_dict(m["stats"]) if m["stats"] else None
-            line = stats_line(stats, None) + " · saved" if stats else "saved"
-            answer.finish(stats, line)
-            answer.partial = m["partial"]
-            chat.mount(answer)
-        chat.anchor()
-
-    # -- race ----------------------------------------------------------------------------------
-
-    def action_race(self) -> None:
-        if not self._can_start():
-            return
-        if self.last_turn is None:
-            self.notify("Race needs a finished answer first.", severity="warning")
-            return
-        self.stop_event = threading.Event()
-        self.set_busy(RACING)
-        self._race(self.last_turn.messages, self.settings,
-                   max(self.last_turn.end.stats.generated_tokens, 1), self.stop_event)
-
-    @work(thread=True, exclusive=True, group="gen")
-    def _race(self, messages: list[dict[str, str]], settings: Settings, tokens: int,
-              stop: threading.Event) -> None:
-        """The same prompt, sampling and length on a drafter-less engine sharing the target's
-        weights: the main engine's drafter and caches are left untouched."""
-        engine = self.engine
-        assert engine is not None
-        claim_thread()
-        try:
-            if self._plain is None or self._plain.target is not engine.target:
-                self._plain = Engine(engine.target, engine.tokenizer, None)
-            ids = encode_chat(engine.tokenizer, messages)
-            for ev in self._plain.generate(ids, max_tokens=tokens, sampling=settings.sampling,
-                                           stop=stop):
-                if isinstance(ev, TurnEnd):
-                    self.post_message(RaceDone(ev))
-        except Exception as e:  # noqa: BLE001
-            self.post_message(TurnFailed(str(e) if isinstance(e, MlxSpecError)
-                                         else f"race failed: {one_line(e)}"))
-        finally:
-            release_thread()
-
-    def on_race_done(self, msg: RaceDone) -> None:
-        self.set_busy("")
-        last = self.last_turn
-        if last is None:
-            return
-        line = race_line(last.end, msg.end, self.settings.sampling.temperature == 0)
-        if last.answer.is_attached:
-            last.answer.show_race(line)
-        self.notify(line, title="Race", timeout=8)
-
-
-def race_line(spec: TurnEnd, plain: TurnEnd, greedy: bool) -> str:
-    """Both runs' speed side by side; for greedy runs, whether the tokens were the same."""
-    a, b = spec.stats, plain.stats
-    if plain.finish_reason == "cancelled":
-        return "race stopped"
-    line = (f"race · speculative ({a.drafter}) {a.tok_s:.1f} tok/s │ target-only "
-            f"{b.tok_s:.1f} tok/s │ ×{a.tok_s / b.tok_s if b.tok_s else 0:.2f}")
-    if greedy:
-        n = min(len(spec.tokens), len(plain.tokens))
-        same = spec.tokens[:n] == plain.tokens[:n]
-        line += " │ same tokens" if same else " │ outputs differ (a near-tie)"
-    return line
 
 
 def _remembered(args: dict[str, Any]) -> dict[str, str | None]:

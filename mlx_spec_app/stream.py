@@ -96,9 +96,9 @@ class TurnDone(Message):
 
 
 class TurnFailed(Message):
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, title: str = "Not sent") -> None:
         super().__init__()
-        self.text = text
+        self.text, self.title = text, title
 
 
 class RaceDone(Message):
