@@ -22,9 +22,10 @@ from .model import TargetModel
 
 
 def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
-                         repeats: int = 3) -> tuple[float, ...]:
-    """Seconds for one target forward over q = 1..k_max+1 tokens after `context` tokens
-    (median of `repeats`, on a scratch cache)."""
+                         repeats: int = 5) -> tuple[float, ...]:
+    """Seconds for one target forward over q = 1..k_max+1 tokens after `context` tokens, on a
+    scratch cache: the fastest of `repeats` (other load only ever adds time), then smoothed by a
+    least-squares line c(q) = a + b·(q − 1), so one disturbed timing cannot flip the choice."""
     cache = kv.make_cache(target.model, slack=k_max + 2)
     prompt = [(i * 31) % max(2, target.vocab_size - 3) + 3 for i in range(context)]
     logits, _ = target.forward(prompt, cache)
@@ -38,8 +39,19 @@ def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
             mx.eval(logits)
             times.append(time.perf_counter() - t0)
             kv.trim_to(cache, context)
-        costs.append(sorted(times[1:])[len(times[1:]) // 2])  # drop the warm-up, take median
-    return tuple(costs)
+        costs.append(min(times[1:]))  # drop the warm-up
+    return smooth_linear(costs)
+
+
+def smooth_linear(costs: Sequence[float]) -> tuple[float, ...]:
+    """Least-squares line through (q, cost), with a slope of at least 0."""
+    n = len(costs)
+    xs = range(n)
+    mx_, my = (n - 1) / 2, sum(costs) / n
+    var = sum((x - mx_) ** 2 for x in xs) or 1.0
+    slope = max(0.0, sum((x - mx_) * (c - my) for x, c in zip(xs, costs, strict=True)) / var)
+    intercept = my - slope * mx_
+    return tuple(max(intercept + slope * x, 1e-6) for x in xs)
 
 
 class AdaptiveDraftLength:
