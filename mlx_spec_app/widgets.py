@@ -8,7 +8,9 @@ from typing import Any
 from textual import events
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content, Span
+from textual.geometry import Region
 from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import Markdown, Static, TextArea
 
 from mlx_spec import Baseline, TurnStats
@@ -30,8 +32,8 @@ KIND_LABEL = {
     "bonus": "bonus",
     "target": "target only",
 }
-LEGEND = Content(" ").join(
-    Content.styled(f"■ {KIND_LABEL[k]}", KIND_STYLE[k] or "$text-muted") for k in KIND_STYLE
+LEGEND = Content(" ").join(  # short: it shares one row with the status (f1 explains more)
+    Content.styled(f"■ {kind}", KIND_STYLE[kind] or "$text-muted") for kind in KIND_STYLE
 )
 STOPPED = "[stopped]"
 
@@ -70,9 +72,40 @@ def sparkline(percents: list[float], width: int) -> Content:
     return Content.assemble((bars, "$success"), f" {percents[-1]:.0f}%")
 
 
-class Answer(Vertical):
-    """One assistant answer: coloured tokens while streaming, Markdown on demand afterwards."""
+class LiveText(Widget):
+    """The streaming tail of an answer. Text only grows at its end, so a flush repaints just the
+    rows from the old last row on: the compositor's work per frame follows the repainted area,
+    and every millisecond the UI thread spends is taken from the engine on a small machine."""
 
+    DEFAULT_CSS = "LiveText { height: auto; }"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._content = Content("")
+        self._rows = 0
+
+    def render(self) -> Content:
+        return self._content
+
+    def show(self, content: Content, rows: int, *, layout: bool) -> None:
+        """rows: the content's height at the current width (-1: unknown)."""
+        first = max(0, self._rows - 1)  # the old last row may have grown
+        self._content, self._rows = content, rows
+        if layout or rows < 0 or not self.size.width:
+            self.refresh(layout=True)
+        else:
+            self.refresh(Region(0, first, self.size.width, max(1, self.size.height - first)))
+
+
+class Answer(Vertical):
+    """One assistant answer: coloured tokens while streaming, Markdown on demand afterwards.
+
+    Streaming is kept cheap for the UI thread, so the engine keeps its speed: only a short live
+    tail is re-rendered per flush, and the tail reserves LIVE_ROWS rows while streaming, so the
+    (costly) layout pass runs once per LIVE_ROWS lines, when whole lines move from the tail into
+    a frozen chunk above it, instead of once per line."""
+
+    LIVE_ROWS = 16
     DEFAULT_CSS = """
     Answer { height: auto; margin: 0 0 1 0; }
     Answer > .tokens { height: auto; }
@@ -91,28 +124,34 @@ class Answer(Vertical):
         self.kinds: list[str] = []
         self.stats: TurnStats | None = None
         self.partial = False
-        self._parts: list[str] = []
-        self._length = 0
+        self._text = ""
         self._runs: list[Span] = []  # adjacent tokens of one kind merged; style = kind name
+        self._frozen: list[tuple[Static, int, int]] = []  # (widget, start, end) above the tail
+        self._live_start = 0
+        self._live_height = -1
         # built here, not in compose, so they can be updated before the answer is mounted
-        self._tokens = Static(classes="tokens")
+        self._live = LiveText(classes="tokens")
         self._stats = Static(classes="stats")
         self._race = Static(classes="race")
 
     def compose(self):
-        yield self._tokens
+        yield self._live
         yield self._stats
         yield self._race
 
     @property
     def text(self) -> str:
-        return "".join(self._parts)
+        return self._text
 
     @property
     def runs(self) -> list[list[str]]:
         """[[text, kind], ...] with adjacent same-kind tokens merged (what history stores)."""
-        text = self.text
-        return [[text[r.start:r.end], str(r.style)] for r in self._runs]
+        return [[self._text[r.start:r.end], str(r.style)] for r in self._runs]
+
+    @property
+    def content(self) -> Content:
+        """The whole answer as the token view shows it: styled by kind when highlighting."""
+        return self._content(0, len(self._text))
 
     def extend(self, pieces: list[tuple[str, str]]) -> None:
         """Append (text, kind) tokens and redraw (called at most 30 times a second)."""
@@ -120,33 +159,61 @@ class Answer(Vertical):
             self.kinds.append(kind)
             if not text:
                 continue
-            start, self._length = self._length, self._length + len(text)
-            self._parts.append(text)
+            start = len(self._text)
+            self._text += text
             runs = self._runs
             if runs and runs[-1].style == kind and runs[-1].end == start:
-                runs[-1] = Span(runs[-1].start, self._length, kind)
+                runs[-1] = Span(runs[-1].start, len(self._text), kind)
             else:
-                runs.append(Span(start, self._length, kind))
-        self._redraw()
+                runs.append(Span(start, len(self._text), kind))
+        self._redraw_live()
 
-    @property
-    def content(self) -> Content:
-        """The answer as displayed in token view: styled by kind when highlighting is on."""
-        spans = None
-        if self.highlight:  # a fresh list: Content keeps the one it is given
-            spans = [Span(r.start, r.end, KIND_STYLE[str(r.style)])
-                     for r in self._runs if KIND_STYLE.get(str(r.style))]
-        return Content(self.text, spans)
+    def _content(self, start: int, end: int) -> Content:
+        """text[start:end] with the kinds' styles (spans clipped and shifted)."""
+        spans = []
+        if self.highlight:
+            for r in reversed(self._runs):  # the live tail is at the end: stop early
+                if r.end <= start:
+                    break
+                style = KIND_STYLE[str(r.style)]
+                if style and r.start < end:
+                    spans.append(Span(max(r.start, start) - start, min(r.end, end) - start,
+                                      style))
+            spans.reverse()
+        return Content(self._text[start:end], spans)
 
-    def _redraw(self) -> None:
-        self._tokens.update(self.content)
+    def _redraw_live(self) -> None:
+        content = self._content(self._live_start, len(self._text))
+        width = self._live.content_region.width
+        height = content.get_height(self._live.styles, width) if width else -1
+        froze = height > self.LIVE_ROWS and self.is_mounted and "\n" in content.plain
+        if froze:
+            self._freeze(self._live_start + content.plain.rindex("\n"))
+            content = self._content(self._live_start, len(self._text))
+            height = content.get_height(self._live.styles, width)
+        if self.stats is None and self.is_mounted:
+            self._live.styles.min_height = self.LIVE_ROWS  # rows reserved while streaming
+        grew = height > max(self._live_height, self.LIVE_ROWS if self.stats is None else 0)
+        self._live.show(content, height, layout=froze or grew)
+        self._live_height = height
+
+    def _freeze(self, cut: int) -> None:
+        """Move text[live_start:cut] into a Static above the tail (the newline at `cut` is the
+        boundary between them, so the lines wrap exactly as they did)."""
+        chunk = Static(self._content(self._live_start, cut), classes="tokens")
+        self.mount(chunk, before=self._live)
+        self._frozen.append((chunk, self._live_start, cut))
+        self._live_start = cut + 1
 
     def set_highlight(self, on: bool) -> None:
         self.highlight = on
-        self._redraw()
+        for widget, start, end in self._frozen:
+            widget.update(self._content(start, end), layout=False)
+        self._live.show(self._content(self._live_start, len(self._text)), -1, layout=False)
 
     def finish(self, stats: TurnStats | None, line: str) -> None:
         self.stats = stats
+        self._live.styles.min_height = None  # streaming is over: no reserved rows
         self.partial = stats is not None and stats.finish_reason == "cancelled"
         self.show_line(line)
 
@@ -160,7 +227,7 @@ class Answer(Vertical):
     def toggle_markdown(self) -> bool:
         """Switch between coloured tokens and Markdown; True when Markdown is now shown."""
         if not self.query(Markdown):
-            self.mount(Markdown(self.text), after=self._tokens)
+            self.mount(Markdown(self.text), before=self._stats)
         self.toggle_class("markdown")
         return self.has_class("markdown")
 
