@@ -63,6 +63,19 @@ def test_second_token_given_first_accepted_is_distributed_as_target():
     assert _chi2_p(second, p[1]) > 0.01
 
 
+def test_point_mass_drafts_ngram_style_are_exact():
+    """A model-free drafter (n-gram) proposes x with q = one-hot(x): accept with p(x), else
+    resample from p without x. Both paths are taken here since p(x) is far from 0 and 1."""
+    rng = np.random.default_rng(10)
+    p = _random_dists(rng, K + 1)
+    x = int(np.argsort(p[0])[-2])  # the second most likely token: accepted sometimes
+    q = np.zeros((K, V))
+    q[:, x] = 1.0
+    n, token, drafts = _round(p, q, seed=11)
+    assert 0.05 < (n > 0).mean() < 0.95
+    assert _chi2_p(_first_emitted(n, token, drafts), p[0]) > 0.01
+
+
 def test_identical_draft_is_always_accepted_and_bonus_comes_from_p():
     rng = np.random.default_rng(4)
     p = _random_dists(rng, K + 1)
