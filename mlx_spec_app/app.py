@@ -1,7 +1,8 @@
 """The chat app.
 
 The engine runs in worker threads (one at a time: every action that would start another waits
-until the app is idle). Tokens reach the UI through a TokenBuffer that a 30 Hz timer drains;
+until the app is idle). Tokens reach the UI through a TokenBuffer that a paced timer drains (at
+most 30 times a second, less when frames are costly: see FramePacer);
 turn ends and failures arrive as messages.
 """
 
@@ -19,6 +20,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
 
 from mlx_spec import (
@@ -39,6 +41,7 @@ from .session import SessionTotals
 from .settings import DrafterSwitch, Settings, drafter_kind
 from .stream import (
     EngineReady,
+    FramePacer,
     LoadFailed,
     TokenBuffer,
     TurnDone,
@@ -49,7 +52,6 @@ from .stream import (
 )
 from .widgets import LEGEND, Answer, PromptInput, StatsPanel, UserMessage, stats_line
 
-FLUSH_HZ = 30
 # The engine thread needs the GIL back the moment an MLX evaluation returns; Python's default
 # 5 ms switch interval lets a UI frame in progress keep it that long (measured: ~5-7% of the
 # engine's speed on 2 cores). Set while the app runs, restored when it ends.
@@ -102,6 +104,8 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
         self.totals = SessionTotals()
         self.last_turn: LastTurn | None = None
         self._sent: tuple[str, int] | None = None  # (text, message id) of an unanswered send
+        self.pacer = FramePacer()
+        self._flush_timer: Timer | None = None
 
     # -- layout --------------------------------------------------------------------------------
 
@@ -121,7 +125,6 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(GIL_SWITCH_S)
         self.query_one("#chat", VerticalScroll).anchor()  # follow the stream until scrolled
-        self.set_interval(1 / FLUSH_HZ, self.flush)
         self.query_one(PromptInput).focus()
         if self._given_engine is None:
             self._start_load(self.load_args["model"], remembered_ok=True)
@@ -171,7 +174,7 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
             text = f"ready · {self._engine_label()}"
         else:
             text = ""
-        # fixed width (app.tcss): no layout pass, which matters at 30 updates a second
+        # fixed width (app.tcss): no layout pass, which matters at up to 30 updates a second
         self.query_one("#status", Static).update(Content(text), layout=False)
 
     def _engine_label(self) -> str:
@@ -292,6 +295,9 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
         self.stop_event = threading.Event()  # one per turn: a late esc cannot stop the next
         self.set_busy(GENERATING)
         self._generate(self._engine_messages(), self.settings, self.stop_event)
+        if self._flush_timer is not None:
+            self._flush_timer.stop()
+        self._flush_timer = self.set_timer(self.pacer.start(), self._tick)
 
     @work(thread=True, exclusive=True, group="gen")
     def _generate(self, messages: list[dict[str, str]], settings: Settings,
@@ -313,8 +319,16 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
         finally:
             release_thread()
 
+    def _tick(self) -> None:
+        """Flush, then come back after as long as the pacer says, while an answer streams."""
+        self.flush()
+        if self.answer is not None:
+            self._flush_timer = self.set_timer(self.pacer.next_delay(), self._tick)
+        else:
+            self._flush_timer = None
+
     def flush(self) -> None:
-        """Move buffered tokens into the streaming answer (on the UI thread, 30 times a second)."""
+        """Move buffered tokens into the streaming answer (on the UI thread)."""
         if self.answer is None or not len(self.buffer):
             return
         self.answer.extend(self.buffer.drain())  # only the answer's live tail is redrawn

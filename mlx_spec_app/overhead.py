@@ -1,9 +1,11 @@
 """How much the app slows the engine down: `uv run python -m mlx_spec_app.overhead`.
 
 Greedy decoding of the same prompt and length, engine alone vs the engine driven by the app
-running headless (`App.run_test()`: layout, rendering and the 30 Hz token flush all run; only
-the terminal writes are skipped). Runs alternate, so background load hits both alike; the engine's
-own tok/s (TurnStats, prefill excluded) is compared, median over the repeats."""
+running headless (`App.run_test()`: layout, rendering and the paced token flush all run; only the
+terminal writes are skipped). The two kinds of run alternate in ABBA order, so drift and
+background load hit both alike; each pair gives a ratio of the engine's own tok/s (TurnStats,
+prefill excluded), and the median ratio is reported. Also reported: the UI thread's CPU share
+while the answer streamed and the flush rate the pacer settled on (see stream.FramePacer)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import asyncio
 import statistics
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlx_spec import Baseline, Engine, SamplingConfig, TurnEnd, encode_chat, load_engine
@@ -22,6 +25,13 @@ from .settings import Settings
 from .widgets import PromptInput
 
 PROMPT = "def parse_args(argv):"
+
+
+@dataclass(frozen=True)
+class AppRun:
+    end: TurnEnd
+    ui_share: float  # UI thread CPU seconds / wall seconds while the answer streamed
+    flush_hz: float
 
 
 def engine_alone(engine: Engine, tokens: int) -> TurnEnd:
@@ -41,7 +51,7 @@ def engine_alone(engine: Engine, tokens: int) -> TurnEnd:
     return out[0]
 
 
-async def with_app(engine: Engine, tokens: int, home: Path) -> TurnEnd:
+async def with_app(engine: Engine, tokens: int, home: Path) -> AppRun:
     """One turn typed into the app, which streams and renders every token."""
     engine.reset()
     app = SpecChatApp(engine=engine, baseline=Baseline(1.0, 1, "not measured here"),
@@ -49,11 +59,13 @@ async def with_app(engine: Engine, tokens: int, home: Path) -> TurnEnd:
     app.settings = Settings(max_tokens=tokens, num_draft=app.settings.num_draft)
     async with app.run_test(size=(120, 40)) as pilot:
         app.query_one(PromptInput).text = PROMPT
+        await asyncio.sleep(0.5)  # let start-up (compose, first layout, footer) finish first
         await pilot.press("enter")
         while app.busy:  # a plain sleep: polling through the pilot would add UI work
             await asyncio.sleep(0.05)
         assert app.last_turn is not None
-        return app.last_turn.end
+        pacer = app.pacer
+        return AppRun(app.last_turn.end, pacer.share, pacer.frames / max(pacer.wall_s, 1e-9))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,26 +73,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="default: the bundled demo pair")
     ap.add_argument("--num-draft", default="4", help="an integer, or auto")
     ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--pairs", type=int, default=12)
     args = ap.parse_args(argv)
     k = args.num_draft if args.num_draft == "auto" else int(args.num_draft)
     engine = load_engine(args.model, num_draft=k)
-    alone, app = [], []
+    alone, app, ratios, shares, rates = [], [], [], [], []
     with tempfile.TemporaryDirectory() as home:
         engine_alone(engine, args.tokens)  # warm-up: kernels, allocations
         asyncio.run(with_app(engine, args.tokens, Path(home)))
-        for i in range(args.repeats):  # alternate, so background load hits both alike
-            a = engine_alone(engine, args.tokens)
-            b = asyncio.run(with_app(engine, args.tokens, Path(home)))
+        for i in range(args.pairs):
+            if i % 2 == 0:  # ABBA: alone first, then app first
+                a = engine_alone(engine, args.tokens)
+                b = asyncio.run(with_app(engine, args.tokens, Path(home)))
+            else:
+                b = asyncio.run(with_app(engine, args.tokens, Path(home)))
+                a = engine_alone(engine, args.tokens)
             alone.append(a.stats.tok_s)
-            app.append(b.stats.tok_s)
-            same = "same tokens" if a.tokens == b.tokens else "DIFFERENT tokens"
-            print(f"run {i + 1}: engine alone {a.stats.tok_s:7.1f} tok/s   with app "
-                  f"{b.stats.tok_s:7.1f} tok/s   ({a.stats.generated_tokens} tokens, {same})")
-    m_alone, m_app = statistics.median(alone), statistics.median(app)
-    ratio = m_app / m_alone
-    print(f"median: engine alone {m_alone:.1f} tok/s, with app {m_app:.1f} tok/s, "
-          f"ratio {ratio:.3f} (overhead {100 * (1 - ratio):+.1f}%)")
+            app.append(b.end.stats.tok_s)
+            ratios.append(b.end.stats.tok_s / a.stats.tok_s)
+            shares.append(b.ui_share)
+            rates.append(b.flush_hz)
+            same = "same tokens" if a.tokens == b.end.tokens else "DIFFERENT tokens"
+            print(f"pair {i + 1:2}: engine alone {a.stats.tok_s:6.1f} tok/s, with app "
+                  f"{b.end.stats.tok_s:6.1f} tok/s, ratio {ratios[-1]:.3f}; UI thread "
+                  f"{b.ui_share:5.1%} of a core, {b.flush_hz:4.1f} flushes/s "
+                  f"({a.stats.generated_tokens} tokens, {same})")
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    ratio = statistics.median(ratios)
+    print(f"median: engine alone {statistics.median(alone):.1f} tok/s, with app "
+          f"{statistics.median(app):.1f} tok/s; median pair ratio {ratio:.3f} "
+          f"(overhead {100 * (1 - ratio):+.1f}%, quartiles {q1:.3f}-{q3:.3f}); UI thread "
+          f"{statistics.median(shares):.1%} of a core; {statistics.median(rates):.1f} flushes/s")
     return 0
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
+from rich.segment import Segment
+from rich.style import Style
 from textual import events
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content, Span
-from textual.geometry import Region
+from textual.geometry import Region, Size
 from textual.message import Message
+from textual.strip import Strip
+from textual.visual import Visual
 from textual.widget import Widget
 from textual.widgets import Markdown, Static, TextArea
 
@@ -72,40 +77,112 @@ def sparkline(percents: list[float], width: int) -> Content:
     return Content.assemble((bars, "$success"), f" {percents[-1]:.0f}%")
 
 
-class LiveText(Widget):
-    """The streaming tail of an answer. Text only grows at its end, so a flush repaints just the
-    rows from the old last row on: the compositor's work per frame follows the repainted area,
-    and every millisecond the UI thread spends is taken from the engine on a small machine."""
+class TokenView(Widget):
+    """An answer's coloured tokens, drawn with Textual's line API and wrapped incrementally.
 
-    DEFAULT_CSS = "LiveText { height: auto; }"
+    Text only ever grows at its end, so rows of finished paragraphs (up to the last newline) are
+    wrapped once and kept as strips; a flush re-wraps only the paragraph in progress and repaints
+    only the rows from its first one on. A plain Static would re-wrap the whole answer and repaint
+    every row on each update. While streaming, rows are reserved STEP at a time, so the height
+    changes, and a (costly) layout pass runs, once per STEP lines instead of once per line.
+    Every millisecond the UI thread spends here is taken from the engine on a small machine."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    DEFAULT_CSS = "TokenView { height: auto; }"
+    STEP = 16
+
+    def __init__(self, piece: Callable[[int, int], Content], **kwargs: Any) -> None:
+        """piece(start, end): the answer's text[start:end] with its styles."""
         super().__init__(**kwargs)
-        self._content = Content("")
-        self._rows = 0
+        self._piece = piece
+        self._text = ""
+        self._width = 0
+        self._rows: list[Strip] = []  # finished paragraphs, text[:_done]
+        self._tail: list[Strip] = []  # the paragraph in progress, text[_done:]
+        self._done = 0
+        self._paragraphs = 0  # newlines in text[:_done]
+        self.streaming = True
 
-    def render(self) -> Content:
-        return self._content
+    @property
+    def rows(self) -> int:
+        return len(self._rows) + len(self._tail)
 
-    def show(self, content: Content, rows: int, *, layout: bool) -> None:
-        """rows: the content's height at the current width (-1: unknown)."""
-        first = max(0, self._rows - 1)  # the old last row may have grown
-        self._content, self._rows = content, rows
-        if layout or rows < 0 or not self.size.width:
+    def _reserved(self, rows: int) -> int:
+        """The height for `rows` rows of text: while streaming, whole steps, and at least one."""
+        return max(1, -(-rows // self.STEP)) * self.STEP if self.streaming else rows
+
+    def _wrap(self, start: int, end: int) -> list[Strip]:
+        """Rows of text[start:end] (which starts a paragraph). Each segment carries an "offset"
+        (column, paragraph) that text selection maps back to the text; rendered on its own the
+        piece counts paragraphs from 0, so they are shifted by those above it."""
+        strips = Visual.to_strips(self, self._piece(start, end), self._width, None,
+                                  self.visual_style)
+        return _shift_paragraphs(strips, self._paragraphs) if self._paragraphs else strips
+
+    def sync(self, text: str, *, redraw: bool = False) -> None:
+        """Catch up with `text`, which grew at its end since the last call. redraw: start over
+        (the width or the styles changed)."""
+        width = self.size.width
+        old_height = self._reserved(self.rows)
+        if redraw or width != self._width:
+            self._width, self._rows, self._tail, self._done, self._paragraphs = width, [], [], 0, 0
+        self._text = text
+        if not width:  # not laid out yet: on_resize draws it
+            return
+        first = len(self._rows)
+        cut = text.rfind("\n", self._done)
+        if cut >= 0:  # paragraphs finished since the last call move into the kept rows
+            self._rows += self._wrap(self._done, cut)
+            self._paragraphs += text.count("\n", self._done, cut + 1)
+            self._done = cut + 1
+        self._tail = self._wrap(self._done, len(text))
+        if self._reserved(self.rows) != old_height:
             self.refresh(layout=True)
         else:
-            self.refresh(Region(0, first, self.size.width, max(1, self.size.height - first)))
+            self.refresh(Region(0, first, width, max(1, self.rows - first)))
+
+    def finish(self) -> None:
+        """Streaming is over: no more reserved rows."""
+        self.streaming = False
+        self.refresh(layout=True)
+
+    def on_resize(self) -> None:
+        if self.size.width != self._width:
+            self.sync(self._text, redraw=True)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if width != self._width:  # asked about another width: wrap for it
+            return self._reserved(self._piece(0, len(self._text)).get_height(self.styles, width))
+        return self._reserved(self.rows)
+
+    def render_line(self, y: int) -> Strip:
+        rows = self._rows
+        if y < len(rows):
+            return rows[y]
+        if y - len(rows) < len(self._tail):
+            return self._tail[y - len(rows)]
+        return Strip.blank(self.size.width, self.visual_style.rich_style)
+
+    def render(self) -> Content:
+        """The whole text (what text selection reads; drawing goes through render_line)."""
+        return self._piece(0, len(self._text))
+
+
+def _shift_paragraphs(strips: list[Strip], paragraphs: int) -> list[Strip]:
+    """The strips with each segment's selection offset (column, paragraph) moved down."""
+    out = []
+    for strip in strips:
+        segments = []
+        for text, style, control in strip:
+            if style is not None and (offset := style.meta.get("offset")) is not None:
+                style = style + Style.from_meta({"offset": (offset[0], offset[1] + paragraphs)})
+            segments.append(Segment(text, style, control))
+        out.append(Strip(segments, strip.cell_length))
+    return out
 
 
 class Answer(Vertical):
-    """One assistant answer: coloured tokens while streaming, Markdown on demand afterwards.
+    """One assistant answer: coloured tokens while streaming, Markdown on demand afterwards."""
 
-    Streaming is kept cheap for the UI thread, so the engine keeps its speed: only a short live
-    tail is re-rendered per flush, and the tail reserves LIVE_ROWS rows while streaming, so the
-    (costly) layout pass runs once per LIVE_ROWS lines, when whole lines move from the tail into
-    a frozen chunk above it, instead of once per line."""
-
-    LIVE_ROWS = 16
     DEFAULT_CSS = """
     Answer { height: auto; margin: 0 0 1 0; }
     Answer > .tokens { height: auto; }
@@ -126,16 +203,13 @@ class Answer(Vertical):
         self.partial = False
         self._text = ""
         self._runs: list[Span] = []  # adjacent tokens of one kind merged; style = kind name
-        self._frozen: list[tuple[Static, int, int]] = []  # (widget, start, end) above the tail
-        self._live_start = 0
-        self._live_height = -1
         # built here, not in compose, so they can be updated before the answer is mounted
-        self._live = LiveText(classes="tokens")
+        self._tokens = TokenView(self._content, classes="tokens")
         self._stats = Static(classes="stats")
         self._race = Static(classes="race")
 
     def compose(self):
-        yield self._live
+        yield self._tokens
         yield self._stats
         yield self._race
 
@@ -154,7 +228,7 @@ class Answer(Vertical):
         return self._content(0, len(self._text))
 
     def extend(self, pieces: list[tuple[str, str]]) -> None:
-        """Append (text, kind) tokens and redraw (called at most 30 times a second)."""
+        """Append (text, kind) tokens and redraw what changed."""
         for text, kind in pieces:
             self.kinds.append(kind)
             if not text:
@@ -166,13 +240,13 @@ class Answer(Vertical):
                 runs[-1] = Span(runs[-1].start, len(self._text), kind)
             else:
                 runs.append(Span(start, len(self._text), kind))
-        self._redraw_live()
+        self._tokens.sync(self._text)
 
     def _content(self, start: int, end: int) -> Content:
         """text[start:end] with the kinds' styles (spans clipped and shifted)."""
         spans = []
         if self.highlight:
-            for r in reversed(self._runs):  # the live tail is at the end: stop early
+            for r in reversed(self._runs):  # callers mostly want the end: stop early
                 if r.end <= start:
                     break
                 style = KIND_STYLE[str(r.style)]
@@ -182,38 +256,13 @@ class Answer(Vertical):
             spans.reverse()
         return Content(self._text[start:end], spans)
 
-    def _redraw_live(self) -> None:
-        content = self._content(self._live_start, len(self._text))
-        width = self._live.content_region.width
-        height = content.get_height(self._live.styles, width) if width else -1
-        froze = height > self.LIVE_ROWS and self.is_mounted and "\n" in content.plain
-        if froze:
-            self._freeze(self._live_start + content.plain.rindex("\n"))
-            content = self._content(self._live_start, len(self._text))
-            height = content.get_height(self._live.styles, width)
-        if self.stats is None and self.is_mounted:
-            self._live.styles.min_height = self.LIVE_ROWS  # rows reserved while streaming
-        grew = height > max(self._live_height, self.LIVE_ROWS if self.stats is None else 0)
-        self._live.show(content, height, layout=froze or grew)
-        self._live_height = height
-
-    def _freeze(self, cut: int) -> None:
-        """Move text[live_start:cut] into a Static above the tail (the newline at `cut` is the
-        boundary between them, so the lines wrap exactly as they did)."""
-        chunk = Static(self._content(self._live_start, cut), classes="tokens")
-        self.mount(chunk, before=self._live)
-        self._frozen.append((chunk, self._live_start, cut))
-        self._live_start = cut + 1
-
     def set_highlight(self, on: bool) -> None:
         self.highlight = on
-        for widget, start, end in self._frozen:
-            widget.update(self._content(start, end), layout=False)
-        self._live.show(self._content(self._live_start, len(self._text)), -1, layout=False)
+        self._tokens.sync(self._text, redraw=True)
 
     def finish(self, stats: TurnStats | None, line: str) -> None:
         self.stats = stats
-        self._live.styles.min_height = None  # streaming is over: no reserved rows
+        self._tokens.finish()
         self.partial = stats is not None and stats.finish_reason == "cancelled"
         self.show_line(line)
 
