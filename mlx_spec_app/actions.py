@@ -8,12 +8,12 @@ from dataclasses import replace
 from textual import work
 from textual.containers import VerticalScroll
 
-from mlx_spec import Engine, MlxSpecError
+from mlx_spec import EngineService, MlxSpecError
 
 from .history import History
 from .screens import HelpScreen, HistoryScreen, SettingsScreen
-from .settings import DrafterSwitch, Settings, drafter_kind
-from .stream import EngineSwitched, claim_thread, one_line, release_thread
+from .settings import Settings
+from .stream import EngineSwitched, one_line
 from .widgets import Answer, UserMessage, stats_from_dict, stats_line
 
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.S)
@@ -67,23 +67,23 @@ class SettingsActions:
     """Sampling, system prompt and answer length apply to the next turn. Drafter and draft
     length change the engine, so they are applied by a worker while the engine is idle."""
 
-    engine: Engine | None
-    switch: DrafterSwitch | None
+    engine: EngineService | None
     settings: Settings
     history: History
     busy: str
     _pending_engine: tuple[int | str, str] | None = None
 
     def action_settings(self) -> None:
-        if self.engine is None or self.switch is None:
+        if self.engine is None:
             self.notify("The model is not loaded yet.", severity="warning")
             return
-        self.push_screen(SettingsScreen(self.settings, self.switch.kinds()), self.apply_settings)
+        self.push_screen(SettingsScreen(self.settings, list(self.engine.info.drafters)),
+                         self.apply_settings)
 
     def _engine_part(self) -> tuple[int | str, str]:
         assert self.engine is not None
-        return ("auto" if self.engine.adaptive else self.engine.num_draft,
-                drafter_kind(self.engine))
+        info = self.engine.info
+        return info.num_draft, info.drafter
 
     def apply_settings(self, new: Settings | None) -> None:
         if new is None:
@@ -109,17 +109,13 @@ class SettingsActions:
 
     @work(thread=True, exclusive=True, group="gen")
     def _switch_worker(self, num_draft: int | str, kind: str) -> None:
-        assert self.engine is not None and self.switch is not None
-        claim_thread()
+        assert self.engine is not None
         try:
-            self.switch.select(kind)
-            self.engine.set_num_draft(num_draft)
+            self.engine.configure(drafter=kind, num_draft=num_draft)
             self.post_message(EngineSwitched())
         except Exception as e:  # noqa: BLE001 - one line for the user, never a traceback
             self.post_message(EngineSwitched(str(e) if isinstance(e, MlxSpecError)
                                              else one_line(e)))
-        finally:
-            release_thread()
 
     def on_engine_switched(self, msg: EngineSwitched) -> None:
         num_draft, kind = self._engine_part()
@@ -138,7 +134,7 @@ class HistoryActions:
 
     history: History
     busy: str
-    engine: Engine | None
+    engine: EngineService | None
     conversation: int | None
     messages: list[dict[str, str]]
     highlight: bool

@@ -1,13 +1,15 @@
 """The chat app.
 
-The engine runs in worker threads (one at a time: every action that would start another waits
-until the app is idle). Tokens reach the UI through a TokenBuffer that a paced timer drains (at
-most 30 times a second, less when frames are costly: see FramePacer);
-turn ends and failures arrive as messages.
+The engine runs in a child process (mlx_spec.EngineProcess: its own GIL, so the UI's Python never
+stalls it), driven from worker threads one call at a time (every action that would start another
+waits until the app is idle). Tokens reach the UI through a TokenBuffer that a paced timer drains
+(at most 30 times a second, less when frames are costly: see FramePacer); turn ends and failures
+arrive as messages.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from dataclasses import replace
@@ -25,12 +27,11 @@ from textual.widgets import Footer, Header, Static
 
 from mlx_spec import (
     Baseline,
-    Engine,
+    EngineInThread,
+    EngineProcess,
+    EngineService,
     MlxSpecError,
     TokenEvent,
-    encode_chat,
-    load_engine,
-    measure_baseline,
 )
 
 from .actions import HistoryActions, SettingsActions, ViewActions
@@ -38,7 +39,7 @@ from .history import History
 from .race import RACING, LastTurn, RaceMixin
 from .screens import LoadErrorScreen
 from .session import SessionTotals
-from .settings import DrafterSwitch, Settings, drafter_kind
+from .settings import Settings
 from .stream import (
     EngineReady,
     FramePacer,
@@ -46,15 +47,13 @@ from .stream import (
     TokenBuffer,
     TurnDone,
     TurnFailed,
-    claim_thread,
     one_line,
-    release_thread,
 )
 from .widgets import LEGEND, Answer, PromptInput, StatsPanel, UserMessage, stats_line
 
-# The engine thread needs the GIL back the moment an MLX evaluation returns; Python's default
-# 5 ms switch interval lets a UI frame in progress keep it that long (measured: ~5-7% of the
-# engine's speed on 2 cores). Set while the app runs, restored when it ends.
+# With the engine in this process (EngineInThread: tests, MLX_SPEC_ENGINE=thread), its thread
+# needs the GIL back the moment an MLX evaluation returns; Python's default 5 ms switch interval
+# lets a UI frame in progress keep it that long. Set while the app runs, restored when it ends.
 GIL_SWITCH_S = 0.001
 GENERATING = "generating"
 
@@ -80,19 +79,19 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
 
     def __init__(self, *, model: str | None = None, drafter: str = "auto",
                  draft_model: str | None = None, mtp: str | None = None,
-                 num_draft: int | str = 4, engine: Engine | None = None,
+                 num_draft: int | str = 4, engine: EngineService | None = None,
                  baseline: Baseline | None = None, history: History | None = None) -> None:
-        """engine / baseline: already loaded ones (tests, the overhead script); else the app
-        loads `model` (or the last used one, or the demo pair) in a worker."""
+        """engine / baseline: already loaded ones (tests, the overhead script; the caller closes
+        that engine); else the app starts `model` (or the last used one, or the demo pair) in an
+        engine process of its own, and closes it on exit."""
         super().__init__()
         self.history = history or History()
         self.load_args: dict[str, Any] = dict(model=model, drafter=drafter,
                                               draft_model=draft_model, mtp=mtp,
                                               num_draft=num_draft)
-        self.engine: Engine | None = None
+        self.engine: EngineService | None = None
         self.baseline = baseline
         self._given_engine = engine
-        self.switch: DrafterSwitch | None = None
         self.settings = Settings.restore(self.history.get("settings"), num_draft=num_draft)
         self.messages: list[dict[str, str]] = []
         self.conversation: int | None = None
@@ -136,6 +135,8 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
 
     def on_unmount(self) -> None:
         sys.setswitchinterval(self._switch_interval)
+        if self.engine is not None and self.engine is not self._given_engine:
+            self.engine.close()
 
     def get_system_commands(self, screen: Screen):
         yield from super().get_system_commands(screen)
@@ -179,10 +180,8 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
 
     def _engine_label(self) -> str:
         assert self.engine is not None
-        kind = drafter_kind(self.engine)
-        if kind == "none":
-            return "no drafter"
-        return f"{kind} k={'auto' if self.engine.adaptive else self.engine.num_draft}"
+        info = self.engine.info
+        return "no drafter" if info.drafter == "none" else f"{info.drafter} k={info.num_draft}"
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -198,30 +197,30 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
 
     @work(thread=True, exclusive=True, group="load")
     def _load(self, args: dict[str, Any], remembered: bool) -> None:
-        claim_thread()
+        start = (EngineInThread.load if os.environ.get("MLX_SPEC_ENGINE") == "thread"
+                 else EngineProcess.start)
         try:
             try:
-                engine = load_engine(**args)
+                engine = start(**args)
             except MlxSpecError:
                 if not remembered:
                     raise
                 # the model remembered from last time is gone: the demo pair
                 args = dict(args, model=None, draft_model=None, mtp=None)
-                engine = load_engine(**args)
-            self.post_message(EngineReady(engine, measure_baseline(engine), args))
+                engine = start(**args)
+            try:
+                baseline = engine.measure_baseline()
+            except BaseException:
+                engine.close()
+                raise
+            self.post_message(EngineReady(engine, baseline, args))
         except Exception as e:  # noqa: BLE001 - the user gets one line, never a traceback
             text = str(e) if isinstance(e, MlxSpecError) else f"cannot load: {one_line(e)}"
             self.post_message(LoadFailed(text, args["model"]))
-        finally:
-            release_thread()
 
     @work(thread=True, exclusive=True, group="load")
-    def _measure(self, engine: Engine) -> None:
-        claim_thread()
-        try:
-            self.post_message(EngineReady(engine, measure_baseline(engine)))
-        finally:
-            release_thread()
+    def _measure(self, engine: EngineService) -> None:
+        self.post_message(EngineReady(engine, engine.measure_baseline()))
 
     def on_engine_ready(self, msg: EngineReady) -> None:
         engine = self.engine = msg.engine
@@ -230,19 +229,16 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
             self.load_args = msg.load_args
             self.history.set("last_model", _remembered(msg.load_args)
                              if msg.load_args["model"] else None)
-        args = self.load_args
-        self.switch = DrafterSwitch(engine, model=args["model"], draft_model=args["draft_model"],
-                                    mtp=args["mtp"])
-        self.settings = replace(self.settings, drafter=self.switch.initial,
-                                num_draft="auto" if engine.adaptive else engine.num_draft)
-        self.sub_title = engine.target.name
+        info = engine.info
+        self.settings = replace(self.settings, drafter=info.drafter, num_draft=info.num_draft)
+        self.sub_title = info.target
         self._show_engine()
         self.set_busy("")
 
     def _show_engine(self) -> None:
         assert self.engine is not None
         self.query_one(StatsPanel).show_engine(
-            f"{self.engine.target.name}\n{self._engine_label()}", self.baseline)
+            f"{self.engine.info.target}\n{self._engine_label()}", self.baseline)
 
     def on_load_failed(self, msg: LoadFailed) -> None:
         self.set_busy("model not loaded")
@@ -304,11 +300,9 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
                   stop: threading.Event) -> None:
         engine = self.engine
         assert engine is not None
-        claim_thread()
         try:
-            ids = encode_chat(engine.tokenizer, messages)
-            for ev in engine.generate(ids, max_tokens=settings.max_tokens,
-                                      sampling=settings.sampling, stop=stop):
+            for ev in engine.chat(messages, max_tokens=settings.max_tokens,
+                                  sampling=settings.sampling, stop=stop):
                 if isinstance(ev, TokenEvent):
                     self.buffer.push(ev)
                 else:
@@ -316,8 +310,6 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
         except Exception as e:  # noqa: BLE001 - one line for the user, never a traceback
             self.post_message(TurnFailed(str(e) if isinstance(e, MlxSpecError)
                                          else f"generation failed: {one_line(e)}"))
-        finally:
-            release_thread()
 
     def _tick(self) -> None:
         """Flush, then come back after as long as the pacer says, while an answer streams."""

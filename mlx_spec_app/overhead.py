@@ -1,11 +1,15 @@
 """How much the app slows the engine down: `uv run python -m mlx_spec_app.overhead`.
 
-Greedy decoding of the same prompt and length, engine alone vs the engine driven by the app
-running headless (`App.run_test()`: layout, rendering and the paced token flush all run; only the
-terminal writes are skipped). The two kinds of run alternate in ABBA order, so drift and
-background load hit both alike; each pair gives a ratio of the engine's own tok/s (TurnStats,
-prefill excluded), and the median ratio is reported. Also reported: the UI thread's CPU share
-while the answer streamed and the flush rate the pacer settled on (see stream.FramePacer)."""
+Greedy decoding of the same prompt and length on one engine, alone (its events read by a plain
+thread) vs driven by the app running headless (`App.run_test()`: layout, rendering and the paced
+token flush all run; only the terminal writes are skipped). The two kinds of run alternate in
+ABBA order, so drift and background load hit both alike; each pair gives a ratio of the engine's
+own tok/s (TurnStats, prefill excluded), and the median ratio is reported. Also reported: the UI
+thread's CPU share while the answer streamed and the flush rate the pacer settled on (see
+stream.FramePacer).
+
+The engine runs in a child process, as in the app (--in-thread: in this process, to see what the
+shared GIL costs)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlx_spec import Baseline, Engine, SamplingConfig, TurnEnd, encode_chat, load_engine
+from mlx_spec import Baseline, EngineInThread, EngineProcess, EngineService, TurnEnd
 
 from .app import SpecChatApp
 from .history import History
@@ -34,15 +38,13 @@ class AppRun:
     flush_hz: float
 
 
-def engine_alone(engine: Engine, tokens: int) -> TurnEnd:
-    """One turn straight from the engine, in a worker thread like the app's."""
-    ids = encode_chat(engine.tokenizer, [{"role": "user", "content": PROMPT}])
-    engine.reset()
+def engine_alone(engine: EngineService, tokens: int) -> TurnEnd:
+    """One turn straight from the engine, read by a worker thread like the app's."""
     out: list[TurnEnd] = []
 
     def run() -> None:
-        events = engine.generate(ids, max_tokens=tokens, sampling=SamplingConfig(),
-                                 stop=threading.Event())
+        events = engine.chat([{"role": "user", "content": PROMPT}], max_tokens=tokens,
+                             stop=threading.Event())
         out.extend(e for e in events if isinstance(e, TurnEnd))
 
     thread = threading.Thread(target=run)
@@ -51,9 +53,8 @@ def engine_alone(engine: Engine, tokens: int) -> TurnEnd:
     return out[0]
 
 
-async def with_app(engine: Engine, tokens: int, home: Path) -> AppRun:
+async def with_app(engine: EngineService, tokens: int, home: Path) -> AppRun:
     """One turn typed into the app, which streams and renders every token."""
-    engine.reset()
     app = SpecChatApp(engine=engine, baseline=Baseline(1.0, 1, "not measured here"),
                       history=History(home / "history.sqlite3"))
     app.settings = Settings(max_tokens=tokens, num_draft=app.settings.num_draft)
@@ -74,20 +75,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-draft", default="4", help="an integer, or auto")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--pairs", type=int, default=12)
+    ap.add_argument("--in-thread", action="store_true",
+                    help="the engine in this process (default: a child process, as in the app)")
     args = ap.parse_args(argv)
     k = args.num_draft if args.num_draft == "auto" else int(args.num_draft)
-    engine = load_engine(args.model, num_draft=k)
+    start = EngineInThread.load if args.in_thread else EngineProcess.start
+    engine = start(model=args.model, num_draft=k)
+    try:
+        return _compare(engine, args.tokens, args.pairs)
+    finally:
+        engine.close()
+
+
+def _compare(engine: EngineService, tokens: int, pairs: int) -> int:
     alone, app, ratios, shares, rates = [], [], [], [], []
     with tempfile.TemporaryDirectory() as home:
-        engine_alone(engine, args.tokens)  # warm-up: kernels, allocations
-        asyncio.run(with_app(engine, args.tokens, Path(home)))
-        for i in range(args.pairs):
+        engine_alone(engine, tokens)  # warm-up: kernels, allocations
+        asyncio.run(with_app(engine, tokens, Path(home)))
+        for i in range(pairs):
             if i % 2 == 0:  # ABBA: alone first, then app first
-                a = engine_alone(engine, args.tokens)
-                b = asyncio.run(with_app(engine, args.tokens, Path(home)))
+                a = engine_alone(engine, tokens)
+                b = asyncio.run(with_app(engine, tokens, Path(home)))
             else:
-                b = asyncio.run(with_app(engine, args.tokens, Path(home)))
-                a = engine_alone(engine, args.tokens)
+                b = asyncio.run(with_app(engine, tokens, Path(home)))
+                a = engine_alone(engine, tokens)
             alone.append(a.stats.tok_s)
             app.append(b.end.stats.tok_s)
             ratios.append(b.end.stats.tok_s / a.stats.tok_s)

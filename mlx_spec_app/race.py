@@ -6,10 +6,10 @@ import threading
 
 from textual import work
 
-from mlx_spec import Engine, MlxSpecError, TurnEnd, encode_chat
+from mlx_spec import EngineService, MlxSpecError, TurnEnd
 
 from .settings import Settings
-from .stream import RaceDone, TurnFailed, claim_thread, one_line, release_thread
+from .stream import RaceDone, TurnFailed, one_line
 from .widgets import Answer
 
 RACING = "racing target-only…"
@@ -23,14 +23,14 @@ class LastTurn:
 
 
 class RaceMixin:
-    """For SpecChatApp. A separate Engine shares the target's weights, so the main engine's
-    drafter and caches are never touched (nothing to restore afterwards)."""
+    """For SpecChatApp. The race runs target-only on an engine that shares the target's weights
+    (EngineService.chat(target_only=True)), so the main engine's drafter and caches are never
+    touched: nothing to restore afterwards."""
 
-    engine: Engine | None
+    engine: EngineService | None
     settings: Settings
     last_turn: LastTurn | None
     stop_event: threading.Event
-    _plain: Engine | None = None
 
     def action_race(self) -> None:
         if not self._can_start():
@@ -48,20 +48,14 @@ class RaceMixin:
               stop: threading.Event) -> None:
         engine = self.engine
         assert engine is not None
-        claim_thread()
         try:
-            if self._plain is None or self._plain.target is not engine.target:
-                self._plain = Engine(engine.target, engine.tokenizer, None)
-            ids = encode_chat(engine.tokenizer, messages)
-            for ev in self._plain.generate(ids, max_tokens=tokens, sampling=settings.sampling,
-                                           stop=stop):
+            for ev in engine.chat(messages, max_tokens=tokens, sampling=settings.sampling,
+                                  stop=stop, target_only=True):
                 if isinstance(ev, TurnEnd):
                     self.post_message(RaceDone(ev))
         except Exception as e:  # noqa: BLE001 - one line for the user, never a traceback
             self.post_message(TurnFailed(str(e) if isinstance(e, MlxSpecError)
                                          else one_line(e), title="Race failed"))
-        finally:
-            release_thread()
 
     def on_race_done(self, msg: RaceDone) -> None:
         self.set_busy("")

@@ -14,7 +14,7 @@ from typing import Any
 
 from textual.message import Message
 
-from mlx_spec import Baseline, Engine, TokenEvent, TurnEnd
+from mlx_spec import Baseline, EngineService, TokenEvent, TurnEnd
 
 # Characters Textual's Content strips from text. Removed before spans are computed, so the
 # span offsets of coloured tokens stay aligned with the text that is displayed.
@@ -23,30 +23,6 @@ _STRIPPED = dict.fromkeys([7, 8, 11, 12, 13])
 
 def clean(text: str) -> str:
     return text.translate(_STRIPPED)
-
-
-# MLX streams are thread-local, and these two functions are the ONLY places the app touches MLX
-# directly (everything else goes through mlx_spec's public API). Every worker that runs MLX calls
-# claim_thread() first and release_thread() in its `finally:`.
-
-
-def claim_thread() -> None:
-    """Give this thread a fresh default stream. Textual runs thread workers on a reused thread
-    pool, and a pool thread whose streams an earlier worker released has none left: without
-    this, the next turn on that thread fails with "There is no Stream(cpu, N) in current
-    thread"."""
-    import mlx.core as mx
-
-    mx.set_default_stream(mx.new_stream(mx.default_device()))
-
-
-def release_thread() -> None:
-    """Free this thread's MLX streams: a thread that ends holding them can crash the process at
-    exit. (The engine leaves no lazy array behind at the end of a turn, so nothing later needs
-    these streams.)"""
-    import mlx.core as mx
-
-    mx.clear_streams()
 
 
 def one_line(error: BaseException) -> str:
@@ -124,7 +100,7 @@ class FramePacer:
 
 
 class EngineReady(Message):
-    def __init__(self, engine: Engine, baseline: Baseline,
+    def __init__(self, engine: EngineService, baseline: Baseline,
                  load_args: dict[str, Any] | None = None) -> None:
         """load_args: what load_engine was given (None: the engine was given to the app)."""
         super().__init__()

@@ -7,9 +7,16 @@ to run, so its screens can never match a stored SVG. Everything else is tested o
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 
-from mlx_spec import Kind, SamplingConfig, TokenEvent, TurnEnd, TurnStats
+from mlx_spec import (
+    Baseline,
+    EngineInfo,
+    Kind,
+    SamplingConfig,
+    TokenEvent,
+    TurnEnd,
+    TurnStats,
+)
 
 A, C, B, T = Kind.ACCEPTED, Kind.CORRECTED, Kind.BONUS, Kind.TARGET
 
@@ -29,25 +36,22 @@ STATS = TurnStats(  # fixed numbers: see the module docstring
 )
 
 
-class FakeTokenizer:
-    chat_template = None  # encode_chat then uses a plain transcript
-
-    def encode(self, text: str, **_) -> list[int]:
-        return [ord(c) % 256 for c in text]
-
-
 class FakeEngine:
-    """The attributes of Engine the app reads, and a generate() replaying ANSWER."""
+    """An EngineService replaying ANSWER."""
 
-    def __init__(self) -> None:
-        self.tokenizer = FakeTokenizer()
-        self.target = SimpleNamespace(name="demo-target-q8", context_length=4096)
-        self.drafter = SimpleNamespace(name="mtp")
-        self.num_draft, self.adaptive = 3, False
+    info = EngineInfo("demo-target-q8", "mtp", 3, ("none", "mtp", "ngram"))
 
-    def generate(self, prompt: list[int], *, max_tokens: int = 256,
-                 sampling: SamplingConfig | None = None, num_draft: int | None = None,
-                 stop: threading.Event | None = None):
+    def measure_baseline(self, **_) -> Baseline:
+        return Baseline(100.0, 32, "fixed for snapshots")
+
+    def chat(self, messages, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
+             stop: threading.Event | None = None, target_only: bool = False):
         for i, (text, kind) in enumerate(ANSWER[:max_tokens]):
             yield TokenEvent(i, text, kind, 0)
         yield TurnEnd(STATS, "stop", tuple(range(len(ANSWER))))
+
+    def configure(self, **_) -> EngineInfo:
+        return self.info
+
+    def close(self) -> None:
+        pass

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlx_spec import load_engine, measure_baseline
+from mlx_spec import EngineInThread, EngineProcess
 from mlx_spec_app.app import SpecChatApp
 from mlx_spec_app.history import History
 from mlx_spec_app.screens import HistoryScreen, LoadErrorScreen, SettingsScreen
@@ -20,14 +20,16 @@ KINDS = {"accepted", "corrected", "bonus", "target"}
 
 @pytest.fixture(scope="module")
 def engine():
+    # In this process (EngineInThread), loaded once for the module; the app's own default, the
+    # engine process, is tested at the end of this file.
     # k fixed at 3: every round drafts, so answers always hold drafted-token kinds ("auto" may
     # turn speculation off on a CPU, where the quantized target cannot gain from it)
-    return load_engine(num_draft=3)
+    return EngineInThread.load(num_draft=3)
 
 
 @pytest.fixture(scope="module")
 def baseline(engine):
-    return measure_baseline(engine, tokens=8, repeats=1)
+    return engine.measure_baseline(tokens=8, repeats=1)
 
 
 def make_app(engine, baseline, max_tokens: int = 24) -> SpecChatApp:
@@ -141,7 +143,7 @@ async def test_history_survives_a_restart(engine, baseline, home):
 
 async def test_settings_drafter_off_gives_target_tokens(engine, baseline, home):
     app = make_app(engine, baseline)
-    original = engine.drafter
+    original = engine.engine.drafter
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("ctrl+s")
         screen = app.screen
@@ -149,25 +151,25 @@ async def test_settings_drafter_off_gives_target_tokens(engine, baseline, home):
         screen.query_one("#drafter").value = "none"
         await pilot.press("ctrl+s")  # save
         await idle(pilot)
-        assert engine.drafter is None
+        assert engine.engine.drafter is None
         answer = await send(pilot, "def h(x):")
         assert set(answer.kinds) == {"target"} and answer.stats.drafted == 0
         app.apply_settings(Settings(max_tokens=24, num_draft=3, drafter="mtp"))
         await idle(pilot)
-        assert engine.drafter is original  # the same drafter object back, nothing reloaded
+        assert engine.engine.drafter is original  # the same drafter object back, nothing reloaded
 
 
 async def test_race_shows_both_speeds(engine, baseline, home):
     app = make_app(engine, baseline)
     async with app.run_test(size=SIZE) as pilot:
         answer = await send(pilot, "def race(x):")
-        drafter = engine.drafter
+        drafter = engine.engine.drafter
         await pilot.press("f5")
         await idle(pilot)
         line = str(answer.query_one(".race").render())
         assert "speculative" in line and "target-only" in line and "tok/s" in line
         assert "same tokens" in line or "differ" in line
-        assert engine.drafter is drafter  # the race never touched the main engine
+        assert engine.engine.drafter is drafter  # the race never touched the main engine
 
 
 async def test_copy_answer_and_code_block(engine, baseline, home):
@@ -222,3 +224,16 @@ async def test_load_failure_shows_one_line_and_exits_2(home):
         await pilot.press("escape")
         await pilot.pause()
     assert app.return_code == 2
+
+
+async def test_the_app_runs_its_own_engine_in_a_child_process(home):
+    """The default path (no engine handed in): EngineProcess started, used, closed on exit."""
+    app = SpecChatApp(num_draft=3)
+    async with app.run_test(size=SIZE) as pilot:
+        await idle(pilot, timeout=60)  # start the child, load, measure the baseline
+        assert isinstance(app.engine, EngineProcess)
+        child = app.engine._process
+        answer = await send(pilot, "def add(a, b):")
+        assert answer.text and set(answer.kinds) - {"target"} and answer.stats is not None
+        assert "speedup" in str(answer.query_one(".stats").render())
+    assert child.wait(5) == 0  # the app closed its engine

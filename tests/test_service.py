@@ -1,0 +1,106 @@
+"""The engine as a service: in this process and in a child process, behind one API.
+
+EngineProcess must give exactly the engine's tokens (greedy, same weights), stop on request,
+switch drafters, and turn every failure - a bad model, an over-long prompt, a child that dies -
+into a one-line MlxSpecError, without leaving a process behind."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from helpers import assert_same_or_near_tie
+
+from mlx_spec import (
+    EngineInThread,
+    EngineProcess,
+    Kind,
+    MlxSpecError,
+    SamplingConfig,
+    TokenEvent,
+    TurnEnd,
+    encode_chat,
+    load_engine,
+)
+
+CHAT = [{"role": "user", "content": "def add(a, b):"}]
+
+
+@pytest.fixture(scope="module")
+def process():
+    service = EngineProcess.start(num_draft=3)
+    yield service
+    service.close()
+
+
+def turn(service, **kw) -> tuple[list[TokenEvent], TurnEnd]:
+    events = list(service.chat(CHAT, **kw))
+    assert isinstance(events[-1], TurnEnd)
+    return events[:-1], events[-1]
+
+
+def test_process_gives_the_engines_tokens_and_kinds(process):
+    engine = load_engine(num_draft=3)
+    ref = [e for e in engine.generate(encode_chat(engine.tokenizer, CHAT), max_tokens=40)]
+    tokens, end = turn(process, max_tokens=40)
+    assert list(end.tokens) == list(ref[-1].tokens)  # same weights, same loop: exact
+    assert {e.kind for e in tokens} - {Kind.TARGET}  # drafts were verified in the child
+    assert process.info.target == "demo-target-q8" and process.info.drafter == "mtp"
+    assert end.stats.generated_tokens == len(tokens) and end.stats.tok_s > 0
+
+
+def test_in_thread_and_process_agree_and_switch_drafters(process):
+    local = EngineInThread.load(num_draft=3)
+    _, a = turn(local, max_tokens=30)
+    _, b = turn(process, max_tokens=30)
+    assert a.tokens == b.tokens
+    info = process.configure(drafter="none")
+    assert info.drafter == "none" and "mtp" in info.drafters
+    tokens, c = turn(process, max_tokens=30)
+    assert {e.kind for e in tokens} == {Kind.TARGET}
+    # speculative vs target-only greedy: equal, or parted at a measured near-tie (8-bit target)
+    prompt = encode_chat(local.engine.tokenizer, CHAT)
+    assert_same_or_near_tie(local.engine.target, prompt, list(c.tokens), list(a.tokens), 8)
+    assert process.configure(drafter="mtp", num_draft="auto").num_draft == "auto"
+    _, race = turn(process, max_tokens=30, target_only=True)
+    assert race.stats.drafted == 0 and race.tokens == c.tokens  # both target-only: exact
+    assert process.measure_baseline(tokens=8, repeats=1).tok_s > 0
+
+
+def test_stop_mid_turn_and_errors_are_one_line(process):
+    stop = threading.Event()
+    events = []
+    for event in process.chat(CHAT, max_tokens=400, stop=stop,
+                              sampling=SamplingConfig(temperature=1.0)):
+        events.append(event)
+        if len(events) == 3:
+            stop.set()
+    end = events[-1]
+    assert isinstance(end, TurnEnd) and end.finish_reason == "cancelled" and len(events) < 100
+    with pytest.raises(MlxSpecError) as e:
+        list(process.chat([{"role": "user", "content": "x " * 20000}], max_tokens=4))
+    assert "context" in str(e.value) and "\n" not in str(e.value)
+    _, end = turn(process, max_tokens=8)  # the service is still usable after an error
+    assert end.stats.generated_tokens > 0
+
+
+def test_load_failure_and_a_dying_child_are_one_line_errors(tmp_path):
+    with pytest.raises(MlxSpecError) as e:
+        EngineProcess.start(model=str(tmp_path / "missing"))
+    assert "not found" in str(e.value) and "\n" not in str(e.value)
+    service = EngineProcess.start(num_draft=2)
+    child = service._process
+    child.kill()
+    with pytest.raises(MlxSpecError, match="ended unexpectedly .killed by SIGKILL"):
+        turn(service, max_tokens=8)
+    service.close()
+    assert child.poll() is not None
+
+
+def test_close_ends_the_child():
+    service = EngineProcess.start(num_draft=2)
+    child = service._process
+    t = time.perf_counter()
+    service.close()
+    assert child.poll() == 0 and time.perf_counter() - t < 5
