@@ -9,6 +9,7 @@ arrive as messages.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -104,6 +105,7 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
         self.last_turn: LastTurn | None = None
         self._sent: tuple[str, int] | None = None  # (text, message id) of an unanswered send
         self.pacer = FramePacer()
+        self._gc_frozen = False
         self._flush_timer: Timer | None = None
 
     # -- layout --------------------------------------------------------------------------------
@@ -162,11 +164,27 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
             yield SystemCommand(title, text, action)
 
     def set_busy(self, state: str) -> None:
+        streaming = state in (GENERATING, RACING)
+        if streaming != self._gc_frozen:
+            # While the engine runs, the garbage collector only looks at objects made since it
+            # started: a full collection scans every widget and style the app holds (100+ ms
+            # of UI thread here, in one go), and the UI thread's time is the engine's.
+            # Unfrozen once idle, so what the turn left behind is collected as usual.
+            if streaming:
+                gc.freeze()
+            else:
+                gc.unfreeze()
+                self.set_timer(1.0, self._collect_when_idle)
+            self._gc_frozen = streaming
         self.busy = state
         self._show_status()
         # No cursor blink while the engine runs: every repaint of a region far from the streamed
         # answer widens the area the compositor redraws each frame, and UI time is engine time.
         self.query_one(PromptInput).cursor_blink = not state
+
+    def _collect_when_idle(self) -> None:
+        if not self._gc_frozen:
+            gc.collect()
 
     def _show_status(self) -> None:
         if self.busy:
