@@ -58,7 +58,7 @@ class EngineService(Protocol):
     @property
     def info(self) -> EngineInfo: ...
 
-    def measure_baseline(self, *, tokens: int = 32, repeats: int = 2) -> Baseline: ...
+    def measure_baseline(self, *, tokens: int = 64, repeats: int = 3) -> Baseline: ...
 
     def chat(self, messages: Messages, *, max_tokens: int = 256,
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
@@ -107,7 +107,7 @@ class EngineInThread:
         return EngineInfo(e.target.name, drafter_kind(e), "auto" if e.adaptive else e.num_draft,
                           tuple(dict.fromkeys(kinds)))
 
-    def measure_baseline(self, *, tokens: int = 32, repeats: int = 2) -> Baseline:
+    def measure_baseline(self, *, tokens: int = 64, repeats: int = 3) -> Baseline:
         with _own_stream():
             return measure_baseline(self.engine, tokens=tokens, repeats=repeats)
 
@@ -208,7 +208,7 @@ class EngineProcess:
     def info(self) -> EngineInfo:
         return self._info
 
-    def measure_baseline(self, *, tokens: int = 32, repeats: int = 2) -> Baseline:
+    def measure_baseline(self, *, tokens: int = 64, repeats: int = 3) -> Baseline:
         return self._call("baseline", tokens=tokens, repeats=repeats)
 
     def configure(self, *, num_draft: int | str | None = None,
@@ -222,25 +222,44 @@ class EngineProcess:
         with self._lock:
             self._send("chat", messages=messages, max_tokens=max_tokens, sampling=sampling,
                        target_only=target_only)
-            signalled = False
+            signalled, finished = False, False
+            try:
+                while True:
+                    if stop is not None and stop.is_set() and not signalled:
+                        self._process.send_signal(signal.SIGUSR1)  # checked between rounds
+                        signalled = True
+                    if not self._wait():
+                        continue
+                    kind, payload = self._recv()
+                    if kind == "event":
+                        yield payload
+                    else:
+                        finished = True
+                        if kind == "done":
+                            return
+                        raise MlxSpecError(payload)
+            finally:
+                if not finished and self._process.poll() is None:
+                    self._abandon()
+
+    def _abandon(self) -> None:
+        """The caller stopped reading mid-turn: stop the turn and drop the rest of its events,
+        so the next request reads its own answer."""
+        self._process.send_signal(signal.SIGUSR1)
+        try:
             while True:
-                if stop is not None and stop.is_set() and not signalled:
-                    self._process.send_signal(signal.SIGUSR1)  # checked between rounds
-                    signalled = True
-                if not self._wait():
-                    continue
-                kind, payload = self._recv()
-                if kind == "event":
-                    yield payload
-                elif kind == "done":
+                while not self._wait():
+                    pass
+                if self._recv()[0] != "event":
                     return
-                else:
-                    raise MlxSpecError(payload)
+        except MlxSpecError:
+            return
 
     def close(self) -> None:
         """Ask the child to exit; end it if it has not within a few seconds."""
         if self._process.poll() is None:
             try:
+                self._process.send_signal(signal.SIGUSR1)  # a turn in progress ends first
                 self._send_conn.send(("close", {}))
                 self._process.wait(5)
             except (OSError, subprocess.TimeoutExpired):

@@ -85,6 +85,16 @@ def test_stop_mid_turn_and_errors_are_one_line(process):
     assert end.stats.generated_tokens > 0
 
 
+def test_a_turn_abandoned_mid_stream_does_not_leak_into_the_next(process):
+    events = process.chat(CHAT, max_tokens=300, sampling=SamplingConfig(temperature=1.0))
+    for _ in range(3):
+        next(events)
+    events.close()  # the reader walks away mid-turn
+    tokens, end = turn(process, max_tokens=12)
+    assert [e.token for e in tokens] == list(end.tokens)
+    assert end.stats.generated_tokens == len(tokens) <= 12
+
+
 def test_load_failure_and_a_dying_child_are_one_line_errors(tmp_path):
     with pytest.raises(MlxSpecError) as e:
         EngineProcess.start(model=str(tmp_path / "missing"))
