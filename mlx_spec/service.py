@@ -237,7 +237,7 @@ class EngineProcess:
                         finished = True
                         if kind == "done":
                             return
-                        raise MlxSpecError(payload)
+                        raise payload
             finally:
                 if not finished and self._process.poll() is None:
                     self._abandon()
@@ -278,7 +278,7 @@ class EngineProcess:
                 pass
             kind, payload = self._recv()
             if kind != "ok":
-                raise MlxSpecError(payload)
+                raise payload
             return payload
 
     def _send(self, op: str, **kwargs: Any) -> None:
@@ -346,13 +346,15 @@ def serve(recv: Connection, send: Connection) -> None:
         except Exception as e:  # noqa: BLE001 - the parent shows one line
             what = "cannot load" if op == "load" else "engine error"
             try:
-                send.send(("error", _one_line(e, what)))
+                send.send(("error", _user_error(e, what)))
             except OSError:
                 return
 
 
-def _one_line(error: BaseException, what: str) -> str:
+def _user_error(error: BaseException, what: str) -> MlxSpecError:
+    """What the parent re-raises: an MlxSpecError as it is (its type survives the pipe: a
+    PromptTooLongError stays one), anything else as one line naming its type."""
     if isinstance(error, MlxSpecError):
-        return str(error)
+        return error
     lines = str(error).strip().splitlines()
-    return f"{what}: {type(error).__name__}" + (f": {lines[0]}" if lines else "")
+    return MlxSpecError(f"{what}: {type(error).__name__}" + (f": {lines[0]}" if lines else ""))

@@ -17,6 +17,8 @@ from mlx_spec import (
     EngineProcess,
     Kind,
     MlxSpecError,
+    ModelLoadError,
+    PromptTooLongError,
     SamplingConfig,
     TokenEvent,
     TurnEnd,
@@ -78,7 +80,7 @@ def test_stop_mid_turn_and_errors_are_one_line(process):
             stop.set()
     end = events[-1]
     assert isinstance(end, TurnEnd) and end.finish_reason == "cancelled" and len(events) < 100
-    with pytest.raises(MlxSpecError) as e:
+    with pytest.raises(PromptTooLongError) as e:  # the error's type survives the pipe
         list(process.chat([{"role": "user", "content": "x " * 20000}], max_tokens=4))
     assert "context" in str(e.value) and "\n" not in str(e.value)
     _, end = turn(process, max_tokens=8)  # the service is still usable after an error
@@ -96,7 +98,7 @@ def test_a_turn_abandoned_mid_stream_does_not_leak_into_the_next(process):
 
 
 def test_load_failure_and_a_dying_child_are_one_line_errors(tmp_path):
-    with pytest.raises(MlxSpecError) as e:
+    with pytest.raises(ModelLoadError) as e:
         EngineProcess.start(model=str(tmp_path / "missing"))
     assert "not found" in str(e.value) and "\n" not in str(e.value)
     service = EngineProcess.start(num_draft=2)
