@@ -7,8 +7,6 @@ from typing import Any
 
 from mlx_spec import SamplingConfig
 
-AUTO_MAX_DRAFT = 8  # the largest k "auto" may choose (the engine's own default)
-
 
 @dataclass(frozen=True)
 class Settings:
