@@ -13,25 +13,58 @@ Public API (the app and other tools use only this):
         ...
 """
 
-from .chat import encode_chat, encode_raw
-from .engine import Engine
-from .errors import (
-    MlxSpecError,
-    ModelLoadError,
-    PromptTooLongError,
-    TokenizerMismatchError,
-    UnsupportedModelError,
-)
-from .events import Event, Kind, TokenEvent, TurnEnd, TurnStats
-from .loading import find_mtp_head, load_engine, load_target, make_drafter
-from .sampling import SamplingConfig
-from .service import EngineInfo, EngineInThread, EngineProcess, EngineService
-from .stats import Baseline, measure_baseline
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
+# Where each public name lives. Imported on first use (PEP 562): a UI process that only drives an
+# EngineProcess never imports mlx-lm (2+ seconds and ~100 MB here), only the child does.
+_HOME = {
+    "encode_chat": "chat", "encode_raw": "chat",
+    "Engine": "engine",
+    "MlxSpecError": "errors", "ModelLoadError": "errors", "PromptTooLongError": "errors",
+    "TokenizerMismatchError": "errors", "UnsupportedModelError": "errors",
+    "Event": "events", "Kind": "events", "TokenEvent": "events", "TurnEnd": "events",
+    "TurnStats": "events",
+    "find_mtp_head": "loading", "load_engine": "loading", "load_target": "loading",
+    "make_drafter": "loading",
+    "SamplingConfig": "sampling",
+    "EngineInfo": "service", "EngineInThread": "service", "EngineProcess": "service",
+    "EngineService": "service",
+    "Baseline": "stats", "measure_baseline": "stats",
+}
+__all__ = [  # == sorted(_HOME) (a test checks): written out for tools that read it statically
     "Baseline", "Engine", "EngineInThread", "EngineInfo", "EngineProcess", "EngineService",
-    "Event", "Kind", "MlxSpecError", "ModelLoadError",
-    "PromptTooLongError", "SamplingConfig", "TokenEvent", "TokenizerMismatchError", "TurnEnd",
-    "TurnStats", "UnsupportedModelError", "encode_chat", "encode_raw", "find_mtp_head",
-    "load_engine", "load_target", "make_drafter", "measure_baseline",
+    "Event", "Kind", "MlxSpecError", "ModelLoadError", "PromptTooLongError", "SamplingConfig",
+    "TokenEvent", "TokenizerMismatchError", "TurnEnd", "TurnStats", "UnsupportedModelError",
+    "encode_chat", "encode_raw", "find_mtp_head", "load_engine", "load_target", "make_drafter",
+    "measure_baseline",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'mlx_spec' has no attribute {name!r}")
+    value = getattr(import_module(f".{_HOME[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
+
+
+if TYPE_CHECKING:
+    from .chat import encode_chat, encode_raw
+    from .engine import Engine
+    from .errors import (
+        MlxSpecError,
+        ModelLoadError,
+        PromptTooLongError,
+        TokenizerMismatchError,
+        UnsupportedModelError,
+    )
+    from .events import Event, Kind, TokenEvent, TurnEnd, TurnStats
+    from .loading import find_mtp_head, load_engine, load_target, make_drafter
+    from .sampling import SamplingConfig
+    from .service import EngineInfo, EngineInThread, EngineProcess, EngineService
+    from .stats import Baseline, measure_baseline

@@ -29,15 +29,15 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from .chat import encode_chat
-from .engine import Engine
 from .errors import MlxSpecError
 from .events import Event
-from .loading import find_mtp_head, load_engine, make_drafter
 from .sampling import SamplingConfig
-from .stats import Baseline, measure_baseline
+from .stats import Baseline
+
+if TYPE_CHECKING:  # EngineInThread imports the engine (and mlx-lm) when it is first used
+    from .engine import Engine
 
 Messages = list[dict[str, str]]
 
@@ -91,6 +91,8 @@ class EngineInThread:
     def load(cls, *, model: str | None = None, drafter: str = "auto",
              draft_model: str | None = None, mtp: str | None = None,
              num_draft: int | str = "auto") -> EngineInThread:
+        from .loading import load_engine
+
         with _own_stream():
             engine = load_engine(model, drafter=drafter, draft_model=draft_model, mtp=mtp,
                                  num_draft=num_draft)
@@ -98,6 +100,8 @@ class EngineInThread:
 
     @property
     def info(self) -> EngineInfo:
+        from .loading import find_mtp_head
+
         e = self.engine
         kinds = ["none", self._initial, "ngram"]
         if self._paths["mtp"] or find_mtp_head(self._paths["model_path"]):
@@ -108,12 +112,17 @@ class EngineInThread:
                           tuple(dict.fromkeys(kinds)))
 
     def measure_baseline(self, *, tokens: int = 64, repeats: int = 3) -> Baseline:
+        from .stats import measure_baseline
+
         with _own_stream():
             return measure_baseline(self.engine, tokens=tokens, repeats=repeats)
 
     def chat(self, messages: Messages, *, max_tokens: int = 256,
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
              target_only: bool = False) -> Iterator[Event]:
+        from .chat import encode_chat
+        from .engine import Engine
+
         engine = self.engine
         if target_only:
             if self._plain is None:
@@ -127,6 +136,8 @@ class EngineInThread:
                   drafter: str | None = None) -> EngineInfo:
         """Switch drafter (built the first time, then kept: switching back costs nothing) and
         draft length. Raises MlxSpecError."""
+        from .loading import make_drafter
+
         with _own_stream():
             if drafter is not None and drafter != drafter_kind(self.engine):
                 if drafter not in self._drafters:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .engine import Engine
 from .events import TurnEnd
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ def measure_baseline(engine: Engine, *, tokens: int = 64, prompt: list[int] | No
     Median, not best: the best of a few noisy runs overstates the speed a turn will see, and so
     understates every speedup quoted against it. 64 tokens, not fewer: per-token cost grows with
     the context, and on the demo pair 32-token runs were ~10% faster than 256-token ones."""
+    from .engine import Engine
+
     scratch = Engine(engine.target, engine.tokenizer, None)
     scratch.eos = set()
     ids = prompt or list(range(3, 35))

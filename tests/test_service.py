@@ -116,3 +116,16 @@ def test_close_ends_the_child():
     t = time.perf_counter()
     service.close()
     assert child.poll() == 0 and time.perf_counter() - t < 5
+
+
+def test_public_names_resolve_and_the_ui_process_never_imports_mlx_lm():
+    import subprocess
+    import sys
+
+    import mlx_spec
+
+    assert sorted(mlx_spec.__all__) == sorted(mlx_spec._HOME)
+    assert all(getattr(mlx_spec, name) is not None for name in mlx_spec.__all__)
+    # the app drives an EngineProcess: mlx-lm (seconds to import) belongs to the child only
+    code = "import sys, mlx_spec_app.app; sys.exit('mlx_lm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
