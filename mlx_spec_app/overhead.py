@@ -27,6 +27,7 @@ from mlx_spec import Baseline, EngineInThread, EngineProcess, EngineService, Tur
 from .app import SpecChatApp
 from .history import History
 from .settings import Settings
+from .stream import FramePacer
 from .widgets import PromptInput
 
 PROMPT = "def parse_args(argv):"
@@ -54,10 +55,13 @@ def engine_alone(engine: EngineService, tokens: int) -> TurnEnd:
     return out[0]
 
 
-async def with_app(engine: EngineService, tokens: int, home: Path) -> AppRun:
+async def with_app(engine: EngineService, tokens: int, home: Path,
+                   budget: float | None = None) -> AppRun:
     """One turn typed into the app, which streams and renders every token."""
     app = SpecChatApp(engine=engine, baseline=Baseline(1.0, 1, "not measured here"),
                       history=History(home / "history.sqlite3"))
+    if budget is not None:
+        app.pacer = FramePacer(budget=budget)
     app.settings = Settings(max_tokens=tokens, num_draft=app.settings.num_draft)
     async with app.run_test(size=(120, 40)) as pilot:
         app.query_one(PromptInput).text = PROMPT
@@ -76,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-draft", default="4", help="an integer, or auto")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--pairs", type=int, default=12)
+    ap.add_argument("--budget", type=float, default=None,
+                    help="the UI's CPU budget while streaming (default: FramePacer's)")
     ap.add_argument("--in-thread", action="store_true",
                     help="the engine in this process (default: a child process, as in the app)")
     args = ap.parse_args(argv)
@@ -83,22 +89,22 @@ def main(argv: list[str] | None = None) -> int:
     start = EngineInThread.load if args.in_thread else EngineProcess.start
     engine = start(model=args.model, num_draft=k)
     try:
-        return _compare(engine, args.tokens, args.pairs)
+        return _compare(engine, args.tokens, args.pairs, args.budget)
     finally:
         engine.close()
 
 
-def _compare(engine: EngineService, tokens: int, pairs: int) -> int:
+def _compare(engine: EngineService, tokens: int, pairs: int, budget: float | None) -> int:
     alone, app, ratios, shares, rates = [], [], [], [], []
     with tempfile.TemporaryDirectory() as home:
         engine_alone(engine, tokens)  # warm-up: kernels, allocations
-        asyncio.run(with_app(engine, tokens, Path(home)))
+        asyncio.run(with_app(engine, tokens, Path(home), budget))
         for i in range(pairs):
             if i % 2 == 0:  # ABBA: alone first, then app first
                 a = engine_alone(engine, tokens)
-                b = asyncio.run(with_app(engine, tokens, Path(home)))
+                b = asyncio.run(with_app(engine, tokens, Path(home), budget))
             else:
-                b = asyncio.run(with_app(engine, tokens, Path(home)))
+                b = asyncio.run(with_app(engine, tokens, Path(home), budget))
                 a = engine_alone(engine, tokens)
             alone.append(a.stats.tok_s)
             app.append(b.end.stats.tok_s)
