@@ -81,11 +81,20 @@ class EngineInThread:
 
     def __init__(self, engine: Engine, *, model: str | None = None,
                  draft_model: str | None = None, mtp: str | None = None) -> None:
+        from .loading import find_mtp_head
+
         self.engine = engine
         self._paths = dict(model_path=model, draft_model=draft_model, mtp=mtp)
         self._drafters: dict[str, Any] = {"none": None, drafter_kind(engine): engine.drafter}
-        self._initial = drafter_kind(engine)
         self._plain: Engine | None = None  # target-only, sharing the weights (races)
+        # what configure() can switch to: off, what was loaded, n-gram (needs no files), and
+        # the kinds whose files are known (looked up once: `info` is read on the UI thread)
+        kinds = ["none", drafter_kind(engine), "ngram"]
+        if mtp or find_mtp_head(model):
+            kinds.append("mtp")
+        if draft_model:
+            kinds.append("draft")
+        self._kinds = tuple(dict.fromkeys(kinds))
 
     @classmethod
     def load(cls, *, model: str | None = None, drafter: str = "auto",
@@ -100,16 +109,9 @@ class EngineInThread:
 
     @property
     def info(self) -> EngineInfo:
-        from .loading import find_mtp_head
-
         e = self.engine
-        kinds = ["none", self._initial, "ngram"]
-        if self._paths["mtp"] or find_mtp_head(self._paths["model_path"]):
-            kinds.append("mtp")
-        if self._paths["draft_model"]:
-            kinds.append("draft")
         return EngineInfo(e.target.name, drafter_kind(e), "auto" if e.adaptive else e.num_draft,
-                          tuple(dict.fromkeys(kinds)))
+                          self._kinds)
 
     def measure_baseline(self, *, tokens: int = 64, repeats: int = 3) -> Baseline:
         from .stats import measure_baseline
