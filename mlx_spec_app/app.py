@@ -57,6 +57,7 @@ from .widgets import LEGEND, Answer, PromptInput, StatsPanel, UserMessage, stats
 # lets a UI frame in progress keep it that long. Set while the app runs, restored when it ends.
 GIL_SWITCH_S = 0.001
 GENERATING = "generating"
+STREAMING = (GENERATING, RACING)  # states in which the engine runs a turn
 
 
 class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[None]):
@@ -105,7 +106,6 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
         self.last_turn: LastTurn | None = None
         self._sent: tuple[str, int] | None = None  # (text, message id) of an unanswered send
         self.pacer = FramePacer()
-        self._gc_frozen = False
         self._flush_timer: Timer | None = None
 
     # -- layout --------------------------------------------------------------------------------
@@ -164,8 +164,8 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
             yield SystemCommand(title, text, action)
 
     def set_busy(self, state: str) -> None:
-        streaming = state in (GENERATING, RACING)
-        if streaming != self._gc_frozen:
+        streaming = state in STREAMING
+        if streaming != (self.busy in STREAMING):
             # While the engine runs, the garbage collector only looks at objects made since it
             # started: a full collection scans every widget and style the app holds (100+ ms
             # of UI thread here, in one go), and the UI thread's time is the engine's.
@@ -175,7 +175,6 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
             else:
                 gc.unfreeze()
                 self.set_timer(1.0, self._collect_when_idle)
-            self._gc_frozen = streaming
         self.busy = state
         self._show_status()
         # No cursor blink while the engine runs: every repaint of a region far from the streamed
@@ -183,12 +182,12 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
         self.query_one(PromptInput).cursor_blink = not state
 
     def _collect_when_idle(self) -> None:
-        if not self._gc_frozen:
+        if self.busy not in STREAMING:
             gc.collect()
 
     def _show_status(self) -> None:
         if self.busy:
-            text = self.busy + (" · esc stops" if self.busy in (GENERATING, RACING) else "")
+            text = self.busy + (" · esc stops" if self.busy in STREAMING else "")
         elif self.engine is not None:
             text = f"ready · {self._engine_label()}"
         else:
