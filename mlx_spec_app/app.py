@@ -384,7 +384,7 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
     # -- actions -------------------------------------------------------------------------------
 
     def action_stop(self) -> None:
-        if self.busy in (GENERATING, RACING):
+        if self.busy in STREAMING:
             self.stop_event.set()
 
     def action_regenerate(self) -> None:
