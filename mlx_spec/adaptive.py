@@ -38,7 +38,7 @@ def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
             logits, _ = target.forward(prompt[:q], cache)
             mx.eval(logits)
             times.append(time.perf_counter() - t0)
-            kv.trim_to(cache, context)
+            kv.trim_to(cache, context, have=context + q)
         costs.append(min(times[1:]))  # drop the warm-up
     return smooth_linear(costs)
 

@@ -10,17 +10,28 @@ equals a from-scratch recompute of that sequence. Rejected tokens are removed by
   the window wraps a rejected draft could not be taken back. We replace it with WindowKVCache, a
   linear buffer that keeps `window + slack` entries and masks attention to the window; rollback
   of up to `slack` tokens is always exact.
-* Recurrent / state-space layers (ArraysCache, MambaCache…) fold every token into one state and
-  cannot be cut back: speculation refuses them with a clear error.
+* Recurrent layers (Gated DeltaNet's conv + delta-rule state, mlx-lm's ArraysCache) fold every
+  token into one state, which cannot be cut back. RecurrentCache keeps a *tape* of the updates
+  since the last commit: each holds the state before it and a replay function for its own inputs.
+  Trimming into an update restores the state before it and replays only the kept prefix (the
+  recurrence alone: no projection, no other layer runs again). Layers that do not record their
+  updates (recurrent.py says which do) still decode; speculation refuses them.
+
+Lengths are the caller's: the engine knows how many tokens it fed (`have`), so no cache kind has
+to expose an offset. Every trim also *seals*: nothing before the kept length is ever taken back,
+so recurrent tapes are dropped there and their memory returns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import (
+    ArraysCache,
     KVCache,
     QuantizedKVCache,
     RotatingKVCache,
@@ -109,8 +120,67 @@ class WindowKVCache(KVCache):
         self.keys, self.values, self.offset, self.start = v
 
 
+@dataclass
+class _Update:
+    """One recorded update of a recurrent layer: n tokens, the state before them, and
+    replay(m) -> the state after only the first m of them."""
+
+    n: int
+    before: list[Any]
+    replay: Callable[[int], list[Any]]
+
+
+class RecurrentCache(ArraysCache):
+    """ArraysCache whose recent updates can be taken back exactly (see the module doc).
+
+    A rollback-aware layer calls `update(state, n, replay)` instead of writing the entries; any
+    other write (a layer that does not record) breaks the tape until the next seal."""
+
+    def __init__(self, size: int, *, rollback: bool = True):
+        super().__init__(size)
+        self.rollback = rollback  # False: the model's recurrent layers do not record updates
+        self.tape: list[_Update] | None = []
+
+    def __setitem__(self, idx, value):
+        self.tape = None  # an unrecorded write: this state can no longer be taken back
+        super().__setitem__(idx, value)
+
+    def update(self, state: list[Any], n: int, replay: Callable[[int], list[Any]]) -> None:
+        if self.tape is not None:
+            self.tape.append(_Update(n, list(self.cache), replay))
+        self.cache = list(state)
+
+    def can_trim(self, n: int) -> bool:
+        return n == 0 or (self.tape is not None and n <= sum(u.n for u in self.tape))
+
+    def trim(self, n: int) -> int:
+        if not self.can_trim(n):
+            raise UnsupportedModelError("recurrent state cannot roll back past its last commit")
+        left = n
+        while left:
+            u = self.tape[-1]
+            if u.n <= left:  # the whole update goes: back to the state before it
+                self.cache, left = list(u.before), left - u.n
+                self.tape.pop()
+            else:  # keep its first u.n - left tokens: replay just those from u.before
+                self.cache = list(u.replay(u.n - left))
+                self.tape[-1] = _Update(u.n - left, u.before, u.replay)
+                left = 0
+        return n
+
+    def seal(self) -> None:
+        self.tape = []
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.cache if c is not None)
+
+
 def make_cache(model: Any, *, slack: int = 16, kv_bits: int | None = None) -> list[Any]:
     """The model's own cache list, with every layer made rollback-able (see module doc)."""
+    from .recurrent import enable_rollback
+
+    rollback = enable_rollback(model)
     caches = make_prompt_cache(model)
     out = []
     for c in caches:
@@ -120,39 +190,44 @@ def make_cache(model: Any, *, slack: int = 16, kv_bits: int | None = None) -> li
             out.append(WindowKVCache(window=c.max_size, slack=slack))
         elif type(c) is KVCache and kv_bits:
             out.append(QuantizedKVCache(group_size=64, bits=kv_bits))
+        elif type(c) is ArraysCache:
+            out.append(RecurrentCache(len(c.cache), rollback=rollback))
         else:
             out.append(c)
     return out
 
 
+_TRIMMABLE = (KVCache, QuantizedKVCache, WindowKVCache, RecurrentCache)
+
+
 def check_rollback(caches: list[Any]) -> None:
-    """Raise if a cache cannot be cut back (recurrent state): speculation would be unsafe."""
+    """Raise if a cache can never be cut back: speculation would be unsafe."""
     for c in caches:
-        if not isinstance(c, KVCache | QuantizedKVCache | WindowKVCache):
+        if isinstance(c, RecurrentCache) and not c.rollback or not isinstance(c, _TRIMMABLE):
             raise UnsupportedModelError(
-                f"this model has {type(c).__name__} layers (recurrent state) that cannot be rolled "
-                "back yet; use --drafter none"
+                f"this model has {type(c).__name__} layers (recurrent state) whose updates "
+                "cannot be rolled back yet; use --drafter none"
             )
 
 
-def length(caches: list[Any]) -> int:
-    return caches[0].offset if caches else 0
-
-
-def trim_to(caches: list[Any], n: int) -> None:
-    """Cut every layer back to its first n entries (the committed prefix)."""
+def trim_to(caches: list[Any], n: int, *, have: int) -> None:
+    """The commit: cut every layer from `have` entries back to its first n (the committed
+    prefix), then seal (recurrent tapes are dropped: nothing before n is taken back)."""
+    if n > have:
+        raise ValueError(f"cache holds {have} tokens, cannot trim to {n}")
     for c in caches:
-        extra = c.offset - n
-        if extra < 0:
-            raise ValueError(f"cache holds {c.offset} tokens, cannot trim to {n}")
-        if extra:
-            c.trim(extra)
+        if have > n:
+            c.trim(have - n)
+        if isinstance(c, RecurrentCache):
+            c.seal()
 
 
-def can_trim_to(caches: list[Any], n: int) -> bool:
+def can_trim_to(caches: list[Any], n: int, *, have: int) -> bool:
+    if n == have:
+        return True
     for c in caches:
-        if isinstance(c, WindowKVCache):
-            if not c.can_trim(c.offset - n):
+        if isinstance(c, WindowKVCache | RecurrentCache):
+            if not c.can_trim(have - n):
                 return False
         elif not isinstance(c, KVCache | QuantizedKVCache):
             return False

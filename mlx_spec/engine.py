@@ -1,7 +1,8 @@
 """The speculative decoding loop: prefill → draft → verify → commit, yielding typed events.
 
 State between rounds: `tokens`, the committed sequence. Its last token is *pending*: the target
-has not run on it yet, so the target cache holds exactly tokens[:-1]. A round
+has not run on it yet, so the target cache holds exactly tokens[:-1] (`cached` counts what the
+caches hold; the engine keeps that count, since recurrent caches have no offset). A round
 
   1. draft:  the drafter proposes d_1..d_k after tokens (k may be 0: plain decoding);
   2. verify: ONE target forward over [pending, d_1..d_k] gives k+1 next-token distributions;
@@ -69,6 +70,7 @@ class Engine:
             kv.check_rollback(self.cache)
             self.drafter.reset()
         self.tokens: list[int] = []
+        self.cached = 0  # tokens the target cache holds
 
     def set_drafter(self, drafter: Drafter | None) -> None:
         """Switch drafters. The conversation is re-prefilled next turn, since a drafter that
@@ -115,17 +117,19 @@ class Engine:
 
         Returns how many prompt tokens were reused."""
         reuse = _common_prefix(self.tokens, prompt)
-        reuse = min(reuse, len(prompt) - 1, kv.length(self.cache))
-        if not kv.can_trim_to(self.cache, reuse):
-            self.reset()
+        reuse = min(reuse, len(prompt) - 1, self.cached)
+        if not kv.can_trim_to(self.cache, reuse, have=self.cached):
+            self.reset()  # e.g. a rewritten history on a recurrent model: recompute it all
             reuse = 0
-        kv.trim_to(self.cache, reuse)
-        self.tokens = list(prompt)
+        kv.trim_to(self.cache, reuse, have=self.cached)
+        self.tokens, self.cached = list(prompt), reuse
         hidden = []
         want_hidden = self.drafter is not None and self.drafter.needs_hidden
         for i in range(reuse, len(prompt) - 1, PREFILL_CHUNK):
             chunk = prompt[i : min(i + PREFILL_CHUNK, len(prompt) - 1)]
             _, h = self.target.forward(chunk, self.cache, hidden=want_hidden)
+            self.cached += len(chunk)
+            kv.trim_to(self.cache, self.cached, have=self.cached)  # seal: nothing to take back
             mx.eval([c.state for c in self.cache] + ([h] if h is not None else []))
             if h is not None:
                 hidden.append(h)
@@ -141,9 +145,10 @@ class Engine:
 
     def verify(self, draft: Draft) -> tuple[mx.array, mx.array | None]:
         """One target forward over [pending, d_1..d_k]: logits [k+1, V] (and hidden [k+1, D])."""
-        inputs = self.tokens[kv.length(self.cache) :] + draft.tokens
+        inputs = self.tokens[self.cached :] + draft.tokens
         want_hidden = self.drafter is not None and self.drafter.needs_hidden
         logits, hidden = self.target.forward(inputs, self.cache, hidden=want_hidden)
+        self.cached += len(inputs)
         n = len(draft.tokens) + 1
         return logits[-n:], (hidden[-n:] if hidden is not None else None)
 
@@ -153,7 +158,8 @@ class Engine:
         valid: how many leading tokens the drafter saw as they are now committed."""
         start = len(self.tokens) - 1  # position of the old pending token
         self.tokens.extend(new)
-        kv.trim_to(self.cache, len(self.tokens) - 1)
+        kv.trim_to(self.cache, len(self.tokens) - 1, have=self.cached)
+        self.cached = len(self.tokens) - 1
         if self.drafter is not None:
             h = hidden[: len(new)] if hidden is not None else None
             self.drafter.commit(self._context(h, start), valid)

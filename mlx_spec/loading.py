@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .drafters import nextn
 from .errors import ModelLoadError
 from .model import TargetModel
 
@@ -15,10 +16,11 @@ def load_target(path_or_repo: str | Path) -> tuple[TargetModel, Any]:
     from mlx_lm import load
 
     path = Path(path_or_repo)
+    local: Path | None = None
     if path.exists() or str(path_or_repo).startswith((".", "/", "~")):
-        path = path.expanduser()
-        _check_model_dir(path)
-        source = str(path)
+        local = path.expanduser()
+        _check_model_dir(local)
+        source = str(local)
     else:
         source = str(path_or_repo)
     try:
@@ -32,7 +34,21 @@ def load_target(path_or_repo: str | Path) -> tuple[TargetModel, Any]:
         or config.get("text_config", {}).get("max_position_embeddings")
         or 4096
     )
-    return TargetModel(model, context_length=context, name=_display_name(path_or_repo)), tokenizer
+    if local is None:
+        local = _snapshot_dir(source)
+    target = TargetModel(model, context_length=context, name=_display_name(path_or_repo),
+                         path=local, config=config)
+    return target, tokenizer
+
+
+def _snapshot_dir(repo: str) -> Path | None:
+    """The local copy of a hub repo mlx-lm just loaded (None if it cannot be found)."""
+    try:
+        from mlx_lm.utils import hf_repo_to_path
+
+        return hf_repo_to_path(repo)
+    except Exception:
+        return None
 
 
 def _check_model_dir(path: Path) -> None:
@@ -59,14 +75,19 @@ def _one_line(e: BaseException) -> str:
     return text[0] if text else type(e).__name__
 
 
-def find_mtp_head(model_path: str | Path | None) -> Path | None:
-    """An MTP head installed beside a model: DIR/mtp/ or a sibling DIR-mtp/."""
-    if model_path is None:
+def find_mtp_head(model_path: str | Path | None, target: TargetModel | None = None
+                  ) -> Path | None:
+    """A model's MTP head: DIR/mtp/ or a sibling DIR-mtp/ (a head trained by train-drafter, or a
+    published sidecar as mlx-vlm splits them), else the checkpoint itself if it kept its own."""
+    local = target.path if target is not None and target.path else None
+    if model_path is None and local is None:
         return None
-    p = Path(model_path).expanduser()
+    p = Path(local or model_path).expanduser()
     for candidate in (p / "mtp", p.parent / f"{p.name}-mtp"):
-        if (candidate / "mtp_config.json").exists():
+        if (candidate / "mtp_config.json").exists() or nextn.is_sidecar(candidate):
             return candidate
+    if target is not None and nextn.has_checkpoint_head(target, p):
+        return p
     return None
 
 
@@ -98,7 +119,8 @@ def load_engine(
     target, tokenizer = load_target(model)
     chosen = drafter
     if drafter == "auto":
-        chosen = "draft" if draft_model else "mtp" if (mtp or find_mtp_head(model)) else "none"
+        chosen = ("draft" if draft_model else
+                  "mtp" if (mtp or find_mtp_head(model, target)) else "none")
     d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=mtp)
     return Engine(target, tokenizer, d, num_draft=num_draft, kv_bits=kv_bits)
 
@@ -118,8 +140,14 @@ def make_drafter(kind: str, target: TargetModel, *, model_path=None, draft_model
     if kind == "mtp":
         from .drafters.mtp import load_mtp_drafter
 
-        path = mtp or find_mtp_head(model_path)
+        path = mtp or find_mtp_head(model_path, target)
         if path is None:
+            if nextn.declared_layers(target, target.config):
+                raise ModelLoadError(
+                    f"{target.name}'s config declares an MTP layer but its weights are not in "
+                    "the checkpoint (MLX conversions drop them); pass --mtp DIR with a sidecar "
+                    "head (e.g. mlx-community/Qwen3.6-27B-MTP-4bit) or the original checkpoint"
+                )
             raise ModelLoadError(f"no MTP head found beside {model_path}; pass --mtp DIR")
         return load_mtp_drafter(path, target)
     raise ModelLoadError(f"unknown drafter {kind!r}")

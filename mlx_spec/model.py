@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -16,10 +17,22 @@ class TargetModel:
     model: nn.Module
     context_length: int
     name: str = "target"
+    path: Path | None = None  # the local checkpoint directory, when loaded from one
+    config: dict = field(default_factory=dict)  # its config.json
+
+    @property
+    def text(self) -> nn.Module:
+        """The language model: the model itself, or its `language_model` (Qwen3.5, Gemma 3/4
+        checkpoints carry a text model inside a multimodal wrapper)."""
+        return getattr(self.model, "language_model", self.model)
+
+    @property
+    def args(self) -> Any:
+        return self.text.args
 
     @property
     def backbone(self) -> nn.Module:
-        return self.model.model
+        return self.text.model
 
     @property
     def vocab_size(self) -> int:
@@ -27,15 +40,15 @@ class TargetModel:
 
     @property
     def hidden_size(self) -> int:
-        return self.model.args.hidden_size
+        return self.args.hidden_size
 
     def embed(self, tokens: mx.array) -> mx.array:
         return self.backbone.embed_tokens(tokens)
 
     def head(self, hidden: mx.array) -> mx.array:
         """The target's LM head over final hidden states (shared by MTP drafters)."""
-        if "lm_head" in self.model:
-            return self.model.lm_head(hidden)
+        if "lm_head" in self.text:
+            return self.text.lm_head(hidden)
         return self.backbone.embed_tokens.as_linear(hidden)
 
     def forward(self, tokens: list[int] | mx.array, cache: list[Any], *, hidden: bool = False):

@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_spec import cache as kv
-from mlx_spec.cache import WindowKVCache
+from mlx_spec.cache import RecurrentCache, WindowKVCache
 
 # Batched verification runs other kernels than one-token decoding. Two greedy runs may only part
 # at a near-tie: the top-2 logit gap at the divergence is below this (relative to the logit scale).
@@ -23,12 +23,22 @@ def stored_kv(c):
 
 
 def assert_cache_equals_recompute(target, caches, tokens, atol=1e-4):
-    """The cache after speculation equals a fresh prefill of exactly these tokens."""
-    assert kv.length(caches) == len(tokens)
+    """The cache after speculation equals a fresh prefill of exactly these tokens: every layer's
+    K/V, and every recurrent layer's conv and delta-rule state."""
     fresh = kv.make_cache(target.model, slack=64)
     if tokens:
         target.forward(tokens, fresh)
     for got, want in zip(caches, fresh, strict=True):
+        if isinstance(got, RecurrentCache):
+            assert len(got.cache) == len(want.cache)
+            for a, b in zip(got.cache, want.cache, strict=True):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    np.testing.assert_allclose(np.array(a.astype(mx.float32)),
+                                               np.array(b.astype(mx.float32)),
+                                               atol=atol, rtol=1e-3)
+            continue
+        assert got.offset == len(tokens)
         gk, gv = stored_kv(got)
         wk, wv = stored_kv(want)
         if isinstance(got, WindowKVCache):  # only the window matters for future queries

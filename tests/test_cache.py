@@ -21,7 +21,7 @@ def test_trim_after_speculative_append_equals_recompute(load, arch):
     for step in [20, 5, 9, 3, 7, 1, 8]:
         junk = [(t * 11) % 300 + 3 for t in range(step)]  # rejected drafts
         target.forward(seq[pos : pos + step] + junk, cache)
-        kv.trim_to(cache, pos + step)  # roll the junk back
+        kv.trim_to(cache, pos + step, have=pos + 2 * step)  # roll the junk back
         pos += step
         assert_cache_equals_recompute(target, cache, seq[:pos])
 
@@ -35,10 +35,10 @@ def test_gemma_uses_window_caches_that_roll_back_after_wrapping(load):
     target.forward(seq[200:], cache)  # the buffer is full: entries outside the window go
     w = next(c for c in cache if isinstance(c, WindowKVCache))
     assert w.stored < 150  # old entries were dropped...
-    assert kv.can_trim_to(cache, 296)  # ...but rollback within the slack stays possible
-    kv.trim_to(cache, 296)
+    assert kv.can_trim_to(cache, 296, have=300)  # ...but rollback within the slack stays possible
+    kv.trim_to(cache, 296, have=300)
     assert_cache_equals_recompute(target, cache, seq[:296])
-    assert not kv.can_trim_to(cache, 150)
+    assert not kv.can_trim_to(cache, 150, have=296)
     with pytest.raises(UnsupportedModelError):
         w.trim(146)
 
@@ -47,7 +47,7 @@ def test_quantized_kv_cache_rolls_back(load):
     target, _ = load("llama")
     cache = [QuantizedKVCache(group_size=32, bits=8) for _ in target.model.layers]
     target.forward(list(range(3, 30)), cache)
-    kv.trim_to(cache, 20)
+    kv.trim_to(cache, 20, have=27)
     target.forward(list(range(22, 25)), cache)
     ref = [QuantizedKVCache(group_size=32, bits=8) for _ in target.model.layers]
     target.forward(list(range(3, 23)) + list(range(22, 25)), ref)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
+
 from .. import cache as kv
 from ..errors import TokenizerMismatchError
 from ..model import TargetModel
@@ -26,19 +28,24 @@ class DraftModelDrafter:
     def reset(self) -> None:
         self.cache = kv.make_cache(self.model.model, slack=self.slack)
         kv.check_rollback(self.cache)
+        self.cached = 0  # tokens its cache holds
 
     def commit(self, ctx: DraftContext, valid: int) -> None:
-        n = min(kv.length(self.cache), valid)
-        if not kv.can_trim_to(self.cache, n):
+        n = min(self.cached, valid)
+        if not kv.can_trim_to(self.cache, n, have=self.cached):
             self.reset()  # a sliding-window drafter rolled too far: recompute next round
             return
-        kv.trim_to(self.cache, n)
+        kv.trim_to(self.cache, n, have=self.cached)
+        self.cached = n
+
+    def _step(self, x) -> mx.array:
+        logits, _ = self.model.forward(x, self.cache)
+        self.cached += x.size if isinstance(x, mx.array) else len(x)
+        return logits[-1]
 
     def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
         # catch up on committed tokens not yet seen (the pending one at least), then one step each
-        feed = ctx.tokens[kv.length(self.cache) :]
-        return draft_chain(lambda x: self.model.forward(x, self.cache)[0][-1], feed, ctx, k,
-                           sampler)
+        return draft_chain(self._step, ctx.tokens[self.cached :], ctx, k, sampler)
 
     def arrays(self) -> list:
         return [c.state for c in self.cache]

@@ -9,6 +9,8 @@ Two kinds behind one drafter class:
   (shared) LM head turns h' into logits. The drafter keeps no cache at all.
 * deepseek (DeepSeek-V3 / Qwen3.5 style MTP module): h' = Block(Linear(concat(RMSNorm(emb),
   RMSNorm(h)))), a full transformer block with its own one-layer KV cache, again on the shared head.
+  Trained by us (a llama block), or published with the model (kind "nextn", nextn.py: the block is
+  the target family's own decoder layer, loaded from the checkpoint or a sidecar directory).
 
 Both need the target's final hidden state h_t at every committed position t: the verify pass
 already computed it (hidden[i] predicted token i+1), so drafting costs no extra target pass. The
@@ -31,7 +33,9 @@ from .. import cache as kv
 from ..errors import ModelLoadError, TokenizerMismatchError
 from ..model import TargetModel
 from ..sampling import Sampler
+from . import nextn
 from .base import Draft, DraftContext, draft_chain
+from .nextn import NextNHead
 
 CONFIG_FILE = "mtp_config.json"
 WEIGHTS_FILE = "mtp.safetensors"
@@ -39,7 +43,7 @@ WEIGHTS_FILE = "mtp.safetensors"
 
 @dataclass(frozen=True)
 class MTPConfig:
-    kind: str  # "shared-kv" | "deepseek"
+    kind: str  # "shared-kv" | "deepseek" (ours) | "nextn" (published with the model)
     target_hidden_size: int
     vocab_size: int
     hidden_size: int  # the head's own width (shared-kv); = target_hidden_size for deepseek
@@ -52,11 +56,12 @@ class MTPConfig:
     embed_scale: float = 1.0  # e.g. sqrt(d) for Gemma, whose embeddings are scaled in the model
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0  # deepseek only
+    zero_first_embedding: bool = False  # nextn: DeepSeek / MiMo zero the embedding at position 0
 
     @classmethod
     def for_target(cls, target: TargetModel, kind: str = "shared-kv", **kw) -> MTPConfig:
         """A head shaped to fit `target` (its hidden size, vocabulary, attention geometry)."""
-        args = target.model.args
+        args = target.args
         attn = target.model.layers[-1].self_attn
         head_dim = getattr(attn, "head_dim", None) or args.hidden_size // args.num_attention_heads
         defaults = dict(
@@ -128,29 +133,19 @@ class SharedKVHead(nn.Module):
         return self.norm(self.post_projection(x))  # target-space h': head input and next h
 
 
-class DeepSeekHead(nn.Module):
-    def __init__(self, cfg: MTPConfig):
-        super().__init__()
-        d = cfg.target_hidden_size
-        self.enorm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
-        self.hnorm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
-        self.eh_proj = nn.Linear(2 * d, d, bias=False)
-        args = llama.ModelArgs(
-            model_type="llama", hidden_size=d, num_hidden_layers=1,
-            intermediate_size=cfg.intermediate_size, num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-            rms_norm_eps=cfg.rms_norm_eps, vocab_size=cfg.vocab_size, rope_theta=cfg.rope_theta,
-        )
-        self.block = llama.TransformerBlock(args)
-        self.norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
-
-    def __call__(self, emb, h, cache=None, mask=None):
-        x = self.eh_proj(mx.concatenate([self.enorm(emb), self.hnorm(h)], axis=-1))
-        return self.norm(self.block(x, mask, cache))
+def deepseek_head(cfg: MTPConfig) -> NextNHead:
+    """Our own DeepSeek-style head: the published module with a small llama block."""
+    args = llama.ModelArgs(
+        model_type="llama", hidden_size=cfg.target_hidden_size, num_hidden_layers=1,
+        intermediate_size=cfg.intermediate_size, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        rms_norm_eps=cfg.rms_norm_eps, vocab_size=cfg.vocab_size, rope_theta=cfg.rope_theta,
+    )
+    return NextNHead(cfg.target_hidden_size, cfg.rms_norm_eps, llama.TransformerBlock(args))
 
 
 def make_head(cfg: MTPConfig) -> nn.Module:
-    return SharedKVHead(cfg) if cfg.kind == "shared-kv" else DeepSeekHead(cfg)
+    return SharedKVHead(cfg) if cfg.kind == "shared-kv" else deepseek_head(cfg)
 
 
 class HiddenHistory:
@@ -215,26 +210,34 @@ class MTPDrafter:
             self.rope = layer.rope  # the target's own RoPE, so positions match its keys exactly
             self.name = "mtp"
         else:
-            self.name = "mtp-deepseek"
+            self.name = "mtp-deepseek" if cfg.kind == "deepseek" else "mtp"
+        # own-cache heads: entry e pairs token e + first with h_{e + first - 1}. Ours start at
+        # token 0 (paired with zeros); published heads at token 1 (entry i = (x_{i+1}, h_i)).
+        self.first = 1 if cfg.kind == "nextn" else 0
         self.reset()
 
     def reset(self) -> None:
         self.hist = HiddenHistory(self.cfg.target_hidden_size)
-        self.cache = [kv.KVCache()] if self.cfg.kind == "deepseek" else []
-        self.trusted = 0  # deepseek: cache entries built from the target's own hidden states
+        self.cache = [kv.KVCache()] if self.cfg.kind != "shared-kv" else []
+        self.cached = 0  # own-cache heads: entries in that cache
+        self.trusted = 0  # tokens whose entries were built from the target's own hidden states
 
     def commit(self, ctx: DraftContext, valid: int) -> None:
         self.hist.set(ctx.hidden_start, ctx.hidden, len(ctx.tokens) - 1)
         if self.cache:
             # entries from draft steps 2.. were built on the head's own h', never the target's:
             # they go even when their tokens were accepted (recompute would use the target's h)
-            keep = min(kv.length(self.cache), self.trusted, valid)
-            kv.trim_to(self.cache, keep)
-            self.trusted = keep
+            keep = max(0, min(self.first + self.cached, self.trusted, valid) - self.first)
+            kv.trim_to(self.cache, keep, have=self.cached)
+            self.cached = keep
+            self.trusted = keep + self.first
 
-    def _embed(self, tokens: list[int] | mx.array) -> mx.array:
+    def _embed(self, tokens: list[int] | mx.array, position: int = -1) -> mx.array:
         x = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
-        return self.target.embed(x.reshape(1, -1)) * self.cfg.embed_scale
+        e = self.target.embed(x.reshape(1, -1)) * self.cfg.embed_scale
+        if position == 0 and self.cfg.zero_first_embedding:
+            e = mx.concatenate([mx.zeros_like(e[:, :1]), e[:, 1:]], axis=1)
+        return e
 
     def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
         n = len(ctx.tokens)
@@ -248,11 +251,13 @@ class MTPDrafter:
 
             first = (ctx.tokens[-1:], self.hist.rows(n - 2, n - 1)[None], n - 1)
         else:
-            start = kv.length(self.cache)  # catch up on every committed position not yet seen
+            start = self.cached + self.first  # catch up on every committed token not yet seen
 
             def step(tokens, h, pos):
-                mask = "causal" if len(tokens) > 1 else None
-                return self.head(self._embed(tokens), h, self.cache[0], mask)
+                n_in = tokens.size if isinstance(tokens, mx.array) else len(tokens)
+                emb = self._embed(tokens, self.cached)
+                self.cached += n_in
+                return self.head(emb, h, self.cache[0], "causal" if n_in > 1 else None)
 
             first = (ctx.tokens[start:], self.hist.rows(start - 1, n - 1)[None], start)
             self.trusted = n
@@ -286,7 +291,29 @@ def save_mtp(out: Path, head: nn.Module, cfg: MTPConfig, extra: dict | None = No
 
 
 def load_mtp_drafter(path: str | Path, target: TargetModel) -> MTPDrafter:
+    """An MTP drafter from a directory: a head trained by `train-drafter` (mtp_config.json), a
+    published sidecar head (config.json with model_type `<family>_mtp`), or the target's own
+    checkpoint with its MTP tensors (see nextn.py)."""
     path = Path(path).expanduser()
+    if (path / CONFIG_FILE).exists() or not (path / "config.json").exists():
+        return _load_own(path, target)
+    try:
+        if nextn.is_sidecar(path):
+            head, lay = nextn.load_sidecar_head(target, path)
+        else:
+            head, lay = nextn.load_checkpoint_head(target, path)
+    except (ModelLoadError, TokenizerMismatchError):
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"cannot load MTP head {path}: {str(e).splitlines()[0]}") from e
+    cfg = MTPConfig(kind="nextn", target_hidden_size=target.hidden_size,
+                    vocab_size=target.vocab_size, hidden_size=target.hidden_size,
+                    rms_norm_eps=target.args.rms_norm_eps,
+                    zero_first_embedding=lay.zero_first_embedding)
+    return MTPDrafter(head, cfg, target)
+
+
+def _load_own(path: Path, target: TargetModel) -> MTPDrafter:
     try:
         raw = json.loads((path / CONFIG_FILE).read_text())
         fields = MTPConfig.__dataclass_fields__

@@ -1,0 +1,135 @@
+"""Recurrent layers that can take back a round: Gated DeltaNet recording its own updates.
+
+A Gated DeltaNet layer (Qwen3.5 / 3.6 / 3.8, Qwen3-Next) keeps two states per sequence:
+
+* conv:  the last K-1 rows of its pre-convolution input (a depthwise causal conv of width K);
+* delta: S_t = g_t·S_{t-1} + β_t·(v_t − g_t·S_{t-1}k_t)·k_tᵀ, one [H_v, D_v, D_k] matrix per head.
+
+Both fold every token in, so a rejected draft cannot be cut out. Instead, when it is handed a
+RecurrentCache, the layer records each update with a replay function over that update's own
+inputs (cache.py decides when to call it):
+
+* conv after the first m tokens is rows m .. m+K-2 of concat(conv_before, qkv): a slice;
+* delta after the first m tokens is the same recurrence run on the first m (q, k, v, a, b) from
+  the state before the update: the round's projections, convolution and every other layer are
+  not run again, and the per-step arithmetic is the verify pass's own, so the state is the one
+  the verify pass went through at step m.
+
+The forward below is mlx-lm's Gated DeltaNet forward, restated so the intermediate tensors can be
+kept; with any other cache (mlx-lm's own ArraysCache, or none) the layer runs mlx-lm's code
+unchanged. The tests compare the two paths token for token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+
+from .cache import RecurrentCache
+
+
+def _split_projections(layer, x):
+    """qwen3_5: separate in_proj_qkv / z / b / a."""
+    B, S, _ = x.shape
+    z = layer.in_proj_z(x).reshape(B, S, layer.num_v_heads, layer.head_v_dim)
+    return layer.in_proj_qkv(x), z, layer.in_proj_b(x), layer.in_proj_a(x)
+
+
+def _fused_projections(layer, x):
+    """qwen3_next: fused in_proj_qkvz / in_proj_ba, interleaved per key head."""
+    B, S, _ = x.shape
+    q, k, v, z, b, a = layer.fix_query_key_value_ordering(layer.in_proj_qkvz(x),
+                                                          layer.in_proj_ba(x))
+    qkv = mx.concatenate([t.reshape(B, S, -1) for t in (q, k, v)], axis=-1)
+    return qkv, z, b, a
+
+
+def _gated_delta_forward(self, inputs: mx.array, mask=None, cache=None) -> mx.array:
+    if not isinstance(cache, RecurrentCache) or mask is not None:
+        return self._mlx_lm_call(inputs, mask, cache)
+    B, S, _ = inputs.shape
+    qkv, z, b, a = self._project(self, inputs)
+    n_keep = self.conv_kernel_size - 1
+    conv_before, state_before = cache[0], cache[1]
+    if conv_before is None:
+        conv_before = mx.zeros((B, n_keep, self.conv_dim), dtype=inputs.dtype)
+    conv_input = mx.concatenate([conv_before, qkv], axis=1)
+    conv_out = nn.silu(self.conv1d(conv_input))
+    q, k, v = [
+        t.reshape(B, S, h, d)
+        for t, h, d in zip(
+            mx.split(conv_out, [self.key_dim, 2 * self.key_dim], -1),
+            [self.num_k_heads, self.num_k_heads, self.num_v_heads],
+            [self.head_k_dim, self.head_k_dim, self.head_v_dim],
+            strict=True,
+        )
+    ]
+    q, k = normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
+    use_kernel = not self.training
+
+    def recur(m: int, state):
+        return gated_delta_update(q[:, :m], k[:, :m], v[:, :m], a[:, :m], b[:, :m], self.A_log,
+                                  self.dt_bias, state, None, use_kernel=use_kernel)
+
+    out, state = recur(S, state_before)
+
+    def replay(m: int) -> list[Any]:
+        return [mx.contiguous(conv_input[:, m : m + n_keep]), recur(m, state_before)[1]]
+
+    cache.update([mx.contiguous(conv_input[:, -n_keep:]), state], S, replay)
+    out = self.norm(out, z)
+    return self.out_proj(out.reshape(B, S, -1))
+
+
+def _rollback_classes() -> dict[type, Callable]:
+    """mlx-lm layer class -> how it projects its input (the only part that differs)."""
+    from mlx_lm.models import qwen3_5, qwen3_next
+
+    return {
+        qwen3_5.GatedDeltaNet: _split_projections,
+        qwen3_next.Qwen3NextGatedDeltaNet: _fused_projections,
+    }
+
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+def _rollback_subclass(cls: type, project: Callable) -> type:
+    if cls not in _SUBCLASSES:
+        _SUBCLASSES[cls] = type(f"Rollback{cls.__name__}", (cls,), {
+            "__call__": _gated_delta_forward,
+            "_mlx_lm_call": cls.__call__,
+            "_project": staticmethod(project),
+        })
+    return _SUBCLASSES[cls]
+
+
+def enable_rollback(model: nn.Module) -> bool:
+    """Make every recurrent layer of `model` record its updates (idempotent). True if all of the
+    model's recurrent layers can then be rolled back."""
+    if getattr(model, "_mlx_spec_rollback", None) is not None:
+        return model._mlx_spec_rollback
+    known = _rollback_classes()
+    layers = list(getattr(model, "layers", []))
+    caches = model.make_cache() if hasattr(model, "make_cache") else []
+    ok = True
+    for layer, c in zip(layers, caches, strict=False):
+        if not isinstance(c, ArraysCache):
+            continue
+        found = False
+        for m in layer.modules():
+            if type(m) in _SUBCLASSES.values():
+                found = True
+            elif type(m) in known:
+                m.__class__ = _rollback_subclass(type(m), known[type(m)])
+                found = True
+        ok = ok and found
+    if any(isinstance(c, ArraysCache) for c in caches) and len(caches) != len(layers):
+        ok = False  # caches do not map one to one onto layers: do not guess
+    model._mlx_spec_rollback = ok
+    return ok
