@@ -79,10 +79,10 @@ def find_mtp_head(model_path: str | Path | None, target: TargetModel | None = No
                   ) -> Path | None:
     """A model's MTP head: DIR/mtp/ or a sibling DIR-mtp/ (a head trained by train-drafter, or a
     published sidecar as mlx-vlm splits them), else the checkpoint itself if it kept its own."""
-    local = target.path if target is not None and target.path else None
-    if model_path is None and local is None:
+    given = Path(model_path).expanduser() if model_path is not None else None
+    p = given if given is not None and given.exists() else target.path if target else None
+    if p is None:
         return None
-    p = Path(local or model_path).expanduser()
     for candidate in (p / "mtp", p.parent / f"{p.name}-mtp"):
         if (candidate / "mtp_config.json").exists() or nextn.is_sidecar(candidate):
             return candidate

@@ -36,7 +36,10 @@ class TargetModel:
 
     @property
     def vocab_size(self) -> int:
-        return self.backbone.embed_tokens.weight.shape[0]
+        try:
+            return self.backbone.embed_tokens.weight.shape[0]  # padded rows included
+        except AttributeError:  # e.g. mamba: no `model.embed_tokens`
+            return int(self.args.vocab_size)
 
     @property
     def hidden_size(self) -> int:
