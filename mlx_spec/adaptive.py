@@ -22,10 +22,11 @@ from .model import TargetModel
 
 
 def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
-                         repeats: int = 5) -> tuple[float, ...]:
+                         repeats: int = 5, smooth: bool = True) -> tuple[float, ...]:
     """Seconds for one target forward over q = 1..k_max+1 tokens after `context` tokens, on a
     scratch cache: the fastest of `repeats` (other load only ever adds time), then smoothed by a
-    least-squares line c(q) = a + b·(q − 1), so one disturbed timing cannot flip the choice."""
+    least-squares line c(q) = a + b·(q − 1), so one disturbed timing cannot flip the choice
+    (smooth=False: the fastest timings themselves, for the benchmark's efficiency)."""
     cache = kv.make_cache(target.model, slack=k_max + 2)
     prompt = [(i * 31) % max(2, target.vocab_size - 3) + 3 for i in range(context)]
     logits, _ = target.forward(prompt, cache)
@@ -40,7 +41,7 @@ def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
             times.append(time.perf_counter() - t0)
             kv.trim_to(cache, context, have=context + q)
         costs.append(min(times[1:]))  # drop the warm-up
-    return smooth_linear(costs)
+    return smooth_linear(costs) if smooth else tuple(costs)
 
 
 def smooth_linear(costs: Sequence[float]) -> tuple[float, ...]:

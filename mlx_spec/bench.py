@@ -44,6 +44,8 @@ class BenchConfig:
     sweep: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
     temperatures: tuple[tuple[float, float], ...] = ((0.0, 1.0), (1.0, 1.0), (0.7, 0.9))
     quantized_rows: bool = True
+    hybrid_rows: bool = True
+    hybrid_noise: float = 0.06  # the hybrid target's damped layers (bench_hybrid.py)
 
 
 QUICK = BenchConfig(prompts=1, max_tokens=48, sweep=(2, 4), temperatures=((0.0, 1.0), (1.0, 1.0)))
@@ -70,6 +72,8 @@ class Row:
     efficiency: float | None = None
     mean_draft: float = 0.0  # drafted tokens per target pass
     draft_s_per_pass: float = 0.0
+    verify_ms_per_pass: float = 0.0
+    commit_ms_per_pass: float = 0.0  # cutting caches back (recurrent: the rollback)
     tokens: list[list[int]] = field(default_factory=list)
 
 
@@ -114,6 +118,8 @@ def run_ours(engine: Engine, prompts: list[list[int]], max_tokens: int, sampling
     row.ttft_s = sum(s.ttft_s for s in stats) / len(stats)
     row.peak_memory_mb = max(s.peak_memory for s in stats) / 2**20
     row.draft_s_per_pass = sum(s.draft_s for s in stats) / max(passes, 1)
+    row.verify_ms_per_pass = 1e3 * sum(s.verify_s for s in stats) / max(passes, 1)
+    row.commit_ms_per_pass = 1e3 * sum(s.commit_s for s in stats) / max(passes, 1)
     row.mean_draft = drafted / max(passes, 1)
     return row
 
@@ -245,15 +251,21 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
             log(f"{r.name:<36} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}")
         rows.extend(group)
 
-    for r in rows:  # engine efficiency: measured speedup ÷ the ideal implied by measured costs
+    for r in rows:
         if r.engine == "mlx-spec" and r.drafter != "none" and r.target == "f32":
-            kk = min(round(r.mean_draft), len(costs) - 1)
-            ideal = r.tokens_per_pass * costs[0] / (costs[kk] + r.draft_s_per_pass)
-            r.efficiency = r.speedup_vs_target / ideal if ideal else None
+            r.efficiency = efficiency(r, costs)
 
-    greedy = [r for r in rows if r.temperature == 0 and r.target == "f32"]
-    reference = greedy[0].tokens
-    mismatched = [r.name for r in greedy if r.tokens != reference]
+    hybrid = None
+    if cfg.hybrid_rows:
+        from .bench_hybrid import hybrid_rows
+
+        group, hybrid = hybrid_rows(cfg, prompts, ours, run_mlx_lm, Row, efficiency, log)
+        rows.extend(group)
+
+    mismatched = []
+    for target in ("f32", "f32-hybrid"):
+        greedy = [r for r in rows if r.temperature == 0 and r.target == target]
+        mismatched += [r.name for r in greedy if r.tokens != greedy[0].tokens]
     result = {
         "machine": machine(),
         "target": {"params": n_params, "hidden": cfg.hidden, "layers": cfg.layers,
@@ -261,12 +273,21 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
         "config": asdict(cfg),
         "greedy_identical": not mismatched,
         "greedy_mismatched_rows": mismatched,
+        "hybrid": hybrid,
         "rows": [{k: v for k, v in asdict(r).items() if k != "tokens"} for r in rows],
     }
     write_outputs(result, out)
     log(f"greedy rows identical: {not mismatched}" + (f" (differ: {mismatched})"
                                                        if mismatched else ""))
     return result
+
+
+def efficiency(r: Row, costs: tuple[float, ...]) -> float | None:
+    """Measured speedup ÷ the ideal implied by measured costs: tokens per pass × c(1) /
+    (c(k+1) + draft time per pass)."""
+    kk = min(round(r.mean_draft), len(costs) - 1)
+    ideal = r.tokens_per_pass * costs[0] / (costs[kk] + r.draft_s_per_pass)
+    return r.speedup_vs_target / ideal if ideal else None
 
 
 def mtp_on(target: TargetModel, mtp_small, config: dict) -> Any:
@@ -300,8 +321,8 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
         f"Greedy rows produced identical tokens: **{result['greedy_identical']}**.",
         "",
         "| row | engine | tok/s | speedup | tokens/pass | acceptance | per-position | "
-        "draft/verify share | TTFT ms | peak MB | efficiency |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "draft/verify share | commit ms/pass | TTFT ms | peak MB | efficiency |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         pos = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]) or "–"
@@ -309,14 +330,41 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
         lines.append(
             f"| {r['name']} | {r['engine']} | {r['tok_s']:.1f} | ×{r['speedup_vs_target']:.2f} | "
             f"{r['tokens_per_pass']:.2f} | {r['acceptance_rate']:.0%} | {pos} | "
-            f"{r['draft_share']:.0%}/{r['verify_share']:.0%} | {r['ttft_s'] * 1000:.0f} | "
+            f"{r['draft_share']:.0%}/{r['verify_share']:.0%} | {r['commit_ms_per_pass']:.2f} | "
+            f"{r['ttft_s'] * 1000:.0f} | "
             f"{r['peak_memory_mb']:.0f} | {eff} |")
+    if result.get("hybrid"):
+        lines += hybrid_section(result["hybrid"])
     lines += ["", "Speedup is against our target-only row at the same temperature. mlx-lm's "
               "acceptance column is its share of tokens flagged `from_draft`. Efficiency = "
               "measured speedup ÷ (tokens per pass × c(1) / (c(k+1) + draft time per pass)).",
               "", "![speedup vs draft length](bench.png)", ""]
     (out / "BENCH.md").write_text("\n".join(lines))
     plot(result, out / "bench.png")
+
+
+def hybrid_section(h: dict[str, Any]) -> list[str]:
+    lines = [
+        "", "## Hybrid target: rolling back recurrent state", "",
+        f"Rows `hybrid …`: a random Qwen3.5-layout model (Gated DeltaNet layers 3 of every 4, "
+        f"partial-RoPE gated attention in the 4th), its layers' output projections damped to "
+        f"{h['noise']:g}, widened to {h['params'] / 1e6:.0f}M params (f32, function-preserving, "
+        "GDN heads ×2). Its MTP head is in the published Qwen3.5 layout and *constructed* to "
+        "agree with the target's undamped part (bench_hybrid.py), so its acceptance is "
+        "synthetic; `draft (twin)` is the unwidened model itself, a perfect drafter. Verify "
+        "cost for q = 1..9 tokens relative to 1: "
+        + ", ".join(f"{x:.2f}" for x in h["verify_cost_ratio"]) + ".", "",
+        "| rollback | commit ms/round | verify ms/round | KiB kept per drafted position "
+        "(here, measured) | KiB per round (state before it) | MiB per drafted position at "
+        "Qwen3.6-27B size (computed from its dims) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in h["rollback"].items():
+        lines.append(
+            f"| {name} | {r['commit_ms_per_round']:.2f} | {r['verify_ms_per_round']:.1f} | "
+            f"{r['bytes_per_drafted_position'] / 1024:.1f} | {r['bytes_per_round'] / 1024:.1f} | "
+            f"{r['qwen3.6_27b_bytes_per_drafted_position'] / 2**20:.1f} |")
+    return lines
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

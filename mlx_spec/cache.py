@@ -123,11 +123,13 @@ class WindowKVCache(KVCache):
 @dataclass
 class _Update:
     """One recorded update of a recurrent layer: n tokens, the state before them, and
-    replay(m) -> the state after only the first m of them."""
+    replay(m) -> the state after only the first m of them; nbytes: what the record keeps alive
+    beyond the state itself (the update's inputs, or its per-step states)."""
 
     n: int
     before: list[Any]
     replay: Callable[[int], list[Any]]
+    nbytes: int = 0
 
 
 class RecurrentCache(ArraysCache):
@@ -145,9 +147,10 @@ class RecurrentCache(ArraysCache):
         self.tape = None  # an unrecorded write: this state can no longer be taken back
         super().__setitem__(idx, value)
 
-    def update(self, state: list[Any], n: int, replay: Callable[[int], list[Any]]) -> None:
+    def update(self, state: list[Any], n: int, replay: Callable[[int], list[Any]], *,
+               nbytes: int = 0) -> None:
         if self.tape is not None:
-            self.tape.append(_Update(n, list(self.cache), replay))
+            self.tape.append(_Update(n, list(self.cache), replay, nbytes))
         self.cache = list(state)
 
     def can_trim(self, n: int) -> bool:
@@ -164,12 +167,21 @@ class RecurrentCache(ArraysCache):
                 self.tape.pop()
             else:  # keep its first u.n - left tokens: replay just those from u.before
                 self.cache = list(u.replay(u.n - left))
-                self.tape[-1] = _Update(u.n - left, u.before, u.replay)
+                self.tape[-1] = _Update(u.n - left, u.before, u.replay, u.nbytes)
+                self.replayed = True
                 left = 0
         return n
 
     def seal(self) -> None:
         self.tape = []
+
+    replayed = False  # set by a trim that replayed; read (and cleared) by trim_to
+
+    @property
+    def tape_nbytes(self) -> int:
+        """Memory the rollback records hold now (states before, inputs or per-step states)."""
+        return sum(u.nbytes + sum(a.nbytes for a in u.before if a is not None)
+                   for u in self.tape or [])
 
     @property
     def nbytes(self) -> int:
@@ -210,16 +222,23 @@ def check_rollback(caches: list[Any]) -> None:
             )
 
 
-def trim_to(caches: list[Any], n: int, *, have: int) -> None:
+def trim_to(caches: list[Any], n: int, *, have: int) -> list[Any]:
     """The commit: cut every layer from `have` entries back to its first n (the committed
-    prefix), then seal (recurrent tapes are dropped: nothing before n is taken back)."""
+    prefix), then seal (recurrent tapes are dropped: nothing before n is taken back).
+
+    Returns the states a replay produced (lazy), for the caller to evaluate when it likes."""
     if n > have:
         raise ValueError(f"cache holds {have} tokens, cannot trim to {n}")
+    replayed = []
     for c in caches:
         if have > n:
             c.trim(have - n)
         if isinstance(c, RecurrentCache):
+            if c.replayed:
+                replayed.extend(a for a in c.cache if a is not None)
+                c.replayed = False
             c.seal()
+    return replayed
 
 
 def can_trim_to(caches: list[Any], n: int, *, have: int) -> bool:

@@ -158,7 +158,9 @@ class Engine:
         valid: how many leading tokens the drafter saw as they are now committed."""
         start = len(self.tokens) - 1  # position of the old pending token
         self.tokens.extend(new)
-        kv.trim_to(self.cache, len(self.tokens) - 1, have=self.cached)
+        replayed = kv.trim_to(self.cache, len(self.tokens) - 1, have=self.cached)
+        if replayed:  # evaluated here, so a recurrent rollback's cost is counted as commit time
+            mx.eval(replayed)
         self.cached = len(self.tokens) - 1
         if self.drafter is not None:
             h = hidden[: len(new)] if hidden is not None else None
@@ -233,7 +235,9 @@ class Engine:
             cut, reason = _stop_point(new, remaining, self.eos)
             new, kinds = new[:cut], kinds[:cut]
             s.count(k, n)
+            t = time.perf_counter()
             self.commit(new, len(self.tokens) + min(n, len(new)), hidden)
+            s.commit_s += time.perf_counter() - t
 
             for pos, (tok, kind) in enumerate(zip(new, kinds, strict=True)):
                 if tok in self.eos:
@@ -260,6 +264,7 @@ class Engine:
             prefill_s=prefill_s,
             draft_s=s.draft_s,
             verify_s=s.verify_s,
+            commit_s=s.commit_s,
             ttft_s=ttft,
             total_s=time.perf_counter() - t0,
             peak_memory=mx.get_peak_memory(),
@@ -279,7 +284,7 @@ class _Counters:
 
     def __init__(self, k_max: int):
         self.passes = self.drafted = self.accepted = 0
-        self.draft_s = self.verify_s = 0.0
+        self.draft_s = self.verify_s = self.commit_s = 0.0
         self.pos_drafted = [0] * k_max
         self.pos_accepted = [0] * k_max
 

@@ -38,6 +38,7 @@ class TurnStats:
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    commit_s: float = 0.0  # cutting caches back to the accepted prefix (recurrent: replays)
     ttft_s: float = 0.0
     total_s: float = 0.0
     peak_memory: int = 0

@@ -22,7 +22,8 @@ unchanged. The tests compare the two paths token for token.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import mlx.core as mx
@@ -76,14 +77,53 @@ def _gated_delta_forward(self, inputs: mx.array, mask=None, cache=None) -> mx.ar
         return gated_delta_update(q[:, :m], k[:, :m], v[:, :m], a[:, :m], b[:, :m], self.A_log,
                                   self.dt_bias, state, None, use_kernel=use_kernel)
 
-    out, state = recur(S, state_before)
+    if _STRATEGY[0] == "capture":
+        out, states = _capture(q, k, v, a, b, self.A_log, self.dt_bias, state_before, use_kernel)
+        state = states[-1]
 
-    def replay(m: int) -> list[Any]:
-        return [mx.contiguous(conv_input[:, m : m + n_keep]), recur(m, state_before)[1]]
+        def replay(m: int) -> list[Any]:
+            return [mx.contiguous(conv_input[:, m : m + n_keep]), states[m - 1]]
 
-    cache.update([mx.contiguous(conv_input[:, -n_keep:]), state], S, replay)
+        kept = conv_input.nbytes + sum(s.nbytes for s in states[:-1])
+    else:
+        out, state = recur(S, state_before)
+
+        def replay(m: int) -> list[Any]:
+            return [mx.contiguous(conv_input[:, m : m + n_keep]), recur(m, state_before)[1]]
+
+        kept = sum(t.nbytes for t in (conv_input, q, k, v, a, b))
+    cache.update([mx.contiguous(conv_input[:, -n_keep:]), state], S, replay, nbytes=kept)
     out = self.norm(out, z)
     return self.out_proj(out.reshape(B, S, -1))
+
+
+def _capture(q, k, v, a, b, A_log, dt_bias, state, use_kernel):
+    """The recurrence one step at a time, keeping the state after every step (what a capture
+    kernel writes): rollback is then a lookup, at one state per layer per drafted token."""
+    outs, states = [], []
+    for t in range(q.shape[1]):
+        y, state = gated_delta_update(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1],
+                                      a[:, t : t + 1], b[:, t : t + 1], A_log, dt_bias, state,
+                                      None, use_kernel=use_kernel)
+        outs.append(y)
+        states.append(state)
+    return mx.concatenate(outs, axis=1), states
+
+
+_STRATEGY = ["replay"]
+
+
+@contextmanager
+def rollback_strategy(name: str) -> Iterator[None]:
+    """"replay" (the default: keep a round's recurrence inputs, re-run the kept prefix) or
+    "capture" (keep the state after every step). The benchmark measures both; see DESIGN.md."""
+    if name not in ("replay", "capture"):
+        raise ValueError(name)
+    old, _STRATEGY[0] = _STRATEGY[0], name
+    try:
+        yield
+    finally:
+        _STRATEGY[0] = old
 
 
 def _rollback_classes() -> dict[type, Callable]:

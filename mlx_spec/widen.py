@@ -91,3 +91,93 @@ def quantized(target: TargetModel, config: dict[str, Any], bits: int = 4) -> Tar
 
 def parameter_count(model: nn.Module) -> int:
     return sum(v.size for _, v in tree_flatten(model.parameters()))
+
+
+# -- hybrid (Gated DeltaNet) targets and their published MTP heads ----------------------------
+#
+# A GDN layer's channels are [q heads | k heads | v heads] (conv and in_proj_qkv rows), then z,
+# b, a per v head. Widening adds whole *heads* after the existing ones in every segment: a new
+# head's q, k, v, z, a, b are zero, so its delta-rule state stays exactly 0 and its output too
+# (v head j reads k head j // r, so with r unchanged old heads keep their k heads). Per-head
+# sizes (D_k, D_v) and the per-head gated norm are unchanged.
+
+
+def _gdn_segments(args) -> list[int]:
+    kd = args.linear_num_key_heads * args.linear_key_head_dim
+    return [kd, kd, args.linear_num_value_heads * args.linear_value_head_dim]
+
+
+def _place_segments(small: mx.array, shape: tuple[int, ...], small_segs: list[int],
+                    wide_segs: list[int]) -> mx.array:
+    """Rows of `small` laid out in segments, each copied to the start of its wide segment."""
+    out = mx.zeros(shape, mx.float32)
+    s0 = w0 = 0
+    for s, w in zip(small_segs, wide_segs, strict=True):
+        idx = (slice(w0, w0 + s),) + tuple(slice(0, n) for n in small.shape[1:])
+        out[idx] = small[s0 : s0 + s].astype(mx.float32)
+        s0, w0 = s0 + s, w0 + w
+    return out
+
+
+def _widen_tensors(small_w: dict, wide_w: dict, small_args, wide_args, *,
+                   concat_halves: tuple[str, ...] = ()) -> dict:
+    d, D = small_args.hidden_size, wide_args.hidden_size
+    scale = math.sqrt(d / D)
+    out = {}
+    for name, w in wide_w.items():
+        if name not in small_w:  # a whole extra layer: exactly 0
+            out[name] = mx.zeros(w.shape, mx.float32)
+            continue
+        s = small_w[name]
+        leaf = name.rsplit(".", 2)[-2] if "." in name else name
+        if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+            out[name] = _place_segments(s, w.shape, _gdn_segments(small_args),
+                                        _gdn_segments(wide_args))
+        elif name.endswith(concat_halves):  # [out, 2d]: columns [first | second] halves
+            wide = mx.zeros(w.shape, mx.float32)
+            wide[: s.shape[0], :d] = s[:, :d].astype(mx.float32)
+            wide[: s.shape[0], D : D + d] = s[:, d:].astype(mx.float32)
+            out[name] = wide
+        elif leaf in ("q_norm", "k_norm") or name.endswith("linear_attn.norm.weight"):
+            out[name] = s.astype(mx.float32)  # per-head norms: not over the residual stream
+        elif name.endswith("norm.weight"):
+            out[name] = _pad(s, w.shape) * scale
+        else:
+            out[name] = _pad(s, w.shape)
+    return out
+
+
+def widen_hybrid(small: TargetModel, config: dict[str, Any], *, hidden: int, layers: int,
+                 ffn: int, head_factor: int) -> tuple[TargetModel, dict[str, Any]]:
+    """A wide Qwen3.5-layout model computing the same function as `small`: hidden, FFN and
+    layers as widen_target, and head_factor× the GDN heads (attention geometry kept)."""
+    text = dict(config["text_config"])
+    text.update(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=ffn,
+                linear_num_key_heads=text["linear_num_key_heads"] * head_factor,
+                linear_num_value_heads=text["linear_num_value_heads"] * head_factor)
+    cfg = dict(config, text_config=text)
+    wide = build_model(cfg)
+    new = _widen_tensors(dict(tree_flatten(small.model.parameters())),
+                         dict(tree_flatten(wide.parameters())), small.args,
+                         wide.language_model.args)
+    wide.update(tree_unflatten(list(new.items())))
+    mx.eval(wide.parameters())
+    return TargetModel(wide, context_length=small.context_length,
+                       name=f"{small.name}-wide{hidden}x{layers}"), cfg
+
+
+def widen_nextn(drafter: MTPDrafter, small: TargetModel, wide: TargetModel) -> MTPDrafter:
+    """The same published-layout MTP head on the wide target's (zero-padded) stream."""
+    from .drafters.nextn import NextNHead, layout_for
+
+    lay = layout_for(wide)
+    head = NextNHead(wide.hidden_size, wide.args.rms_norm_eps, lay.block(wide.args),
+                     hidden_first=lay.hidden_first)
+    new = _widen_tensors(dict(tree_flatten(drafter.head.parameters())),
+                         dict(tree_flatten(head.parameters())), small.args, wide.args,
+                         concat_halves=("eh_proj.weight",))
+    head.update(tree_unflatten(list(new.items())))
+    mx.eval(head.parameters())
+    cfg = MTPConfig(**{**drafter.cfg.__dict__, "target_hidden_size": wide.hidden_size,
+                       "hidden_size": wide.hidden_size})
+    return MTPDrafter(head, cfg, wide)

@@ -1,0 +1,158 @@
+"""The benchmark's hybrid row group: a Qwen3.5-layout target (Gated DeltaNet + attention).
+
+No trained Qwen3.5-layout model exists on this machine, so the small model is random, with every
+layer's output projections damped to `noise` of their size: the target then mostly predicts from
+the current token, and an MTP head in the published layout is *constructed* to agree with that
+part (see `agreeing_pair`), so it is accepted often but not always, and rollbacks land mid-round.
+Both are widened function-preservingly (widen.py) into a memory-bound f32 target of ≥ 100M
+parameters. Rows: target-only, mlx-lm generate_step, the unwidened twin as a (perfect) draft
+model, the MTP head, and the MTP head with the other rollback strategy (per-step capture).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from . import cache as kv
+from .drafters import DraftModelDrafter, nextn
+from .drafters.mtp import MTPConfig, MTPDrafter
+from .model import TargetModel
+from .recurrent import rollback_strategy
+from .train.modeldir import build_model
+from .widen import parameter_count, widen_hybrid, widen_nextn
+
+SMALL = dict(model_type="qwen3_5", tie_word_embeddings=False, text_config=dict(
+    model_type="qwen3_5_text", hidden_size=128, num_hidden_layers=4, intermediate_size=384,
+    num_attention_heads=2, num_key_value_heads=1, head_dim=64, rms_norm_eps=1e-6,
+    vocab_size=4096, max_position_embeddings=4096, tie_word_embeddings=False,
+    linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=128,
+    linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=4,
+    mtp_num_hidden_layers=1,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                     "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]}))
+OUTPUT_PROJECTIONS = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
+# Qwen3.6-27B's published dims, for the per-position memory of each strategy at full size
+QWEN36_27B = dict(gdn_layers=48, k_heads=16, v_heads=48, head_k=128, head_v=128, conv=4)
+
+
+def agreeing_pair(config: dict[str, Any], *, seed: int = 0, noise: float = 0.0):
+    """(model, NextNHead): the trunk's output projections scaled by `noise`, the head built so
+    that it passes norm(Emb(x_{t+1})) through (eh_proj = [I | 0], its block's outputs zero, its
+    final norm = the target's): at noise 0 it predicts exactly what the target will."""
+    model = build_model(config, seed=seed)
+    target = TargetModel(model, 4096)
+    lay = nextn.layout_for(target)
+    args, d = target.args, target.args.hidden_size
+    rng = np.random.default_rng(seed + 100)
+    final = mx.array(rng.uniform(0.5, 4.0, d).astype(np.float32))
+    target.backbone.norm.weight = final  # sharp and uneven, so a missed norm offset shows
+    head = nextn.NextNHead(d, args.rms_norm_eps, lay.block(args), hidden_first=lay.hidden_first)
+    for m in (head.hnorm,):
+        m.weight = mx.array(rng.uniform(0.5, 2.0, d).astype(np.float32))
+    for module, keep in ((model, noise), (head, 0.0)):
+        params = [(k, keep * v if k.endswith(OUTPUT_PROJECTIONS) else v)
+                  for k, v in tree_flatten(module.parameters())]
+        module.update(tree_unflatten(params))
+    eye, zero = mx.eye(d), mx.zeros((d, d))
+    head.eh_proj.weight = mx.concatenate([zero, eye] if lay.hidden_first else [eye, zero], 1)
+    head.enorm.weight = mx.ones(d)
+    head.norm.weight = final
+    mx.eval(model.parameters(), head.parameters())
+    return model, head
+
+
+def nextn_drafter(head, target: TargetModel) -> MTPDrafter:
+    cfg = MTPConfig(kind="nextn", target_hidden_size=target.hidden_size,
+                    vocab_size=target.vocab_size, hidden_size=target.hidden_size,
+                    rms_norm_eps=target.args.rms_norm_eps)
+    return MTPDrafter(head, cfg, target)
+
+
+def build_hybrid(hidden: int, layers: int, ffn: int, noise: float):
+    """(small target, wide target, the MTP head on the wide target)."""
+    model, head = agreeing_pair(SMALL, noise=noise)
+    small = TargetModel(model, 4096, name="qwen3_5-random")
+    wide, _ = widen_hybrid(small, SMALL, hidden=hidden, layers=layers, ffn=ffn, head_factor=2)
+    return small, wide, widen_nextn(nextn_drafter(head, small), small, wide)
+
+
+def tape_bytes(target: TargetModel, prompt: list[int], k: int, strategy: str) -> tuple[int, int]:
+    """(bytes per drafted position, bytes per round) a verify of k+1 tokens keeps for rollback."""
+    with rollback_strategy(strategy):
+        cache = kv.make_cache(target.model)
+        target.forward(prompt, cache)
+        kv.trim_to(cache, len(prompt), have=len(prompt))
+        target.forward(prompt[: k + 1], cache)
+        recurrent = [c for c in cache if isinstance(c, kv.RecurrentCache)]
+        inputs = sum(u.nbytes for c in recurrent for u in c.tape)
+        before = sum(c.tape_nbytes for c in recurrent) - inputs
+    return inputs // (k + 1), before
+
+
+def full_size_bytes_per_position(strategy: str, dims: dict = QWEN36_27B) -> int:
+    """Computed (not measured) from published dims: what each strategy keeps per drafted token."""
+    kd, vd = dims["k_heads"] * dims["head_k"], dims["v_heads"] * dims["head_v"]
+    conv = (2 * kd + vd) * 2  # bf16 pre-conv row
+    if strategy == "capture":  # one fp32 state per GDN layer
+        per_layer = dims["v_heads"] * dims["head_v"] * dims["head_k"] * 4 + conv
+    else:  # the round's q, k, v (bf16), a, b and its conv row
+        per_layer = conv + (2 * kd + vd) * 2 + 2 * dims["v_heads"] * 2
+    return per_layer * dims["gdn_layers"]
+
+
+def hybrid_rows(cfg, prompts: list[list[int]], ours: Callable, run_mlx_lm: Callable,
+                make_row: Callable, efficiency: Callable, log: Callable[[str], None]
+                ) -> tuple[list, dict[str, Any]]:
+    """The row group and the rollback comparison (measured here, never asserted)."""
+    from .adaptive import measure_verify_costs
+
+    small, wide, mtp = build_hybrid(cfg.hidden, cfg.layers, cfg.ffn, cfg.hybrid_noise)
+    n_params = parameter_count(wide.model)
+    k = cfg.num_draft
+    log(f"-- hybrid: random Qwen3.5-layout target widened to {n_params / 1e6:.0f}M params f32")
+    costs = measure_verify_costs(wide, max(8, k), repeats=7, smooth=False)
+    group = [ours(wide, None, 1, "hybrid target-only T=0", "none", "f32-hybrid", 0.0, 1.0),
+             run_mlx_lm(wide, None, prompts, cfg.max_tokens, 0.0, 1.0, k,
+                        make_row("hybrid mlx-lm generate_step T=0", "none", "mlx-lm",
+                                 "f32-hybrid", 0.0, 1.0, 0)),
+             ours(wide, DraftModelDrafter(small, wide), k, f"hybrid ours draft (twin) k={k} T=0",
+                  "draft", "f32-hybrid", 0.0, 1.0),
+             ours(wide, mtp, k, f"hybrid ours mtp k={k} T=0", "mtp", "f32-hybrid", 0.0, 1.0),
+             ours(wide, mtp, "auto", "hybrid ours mtp auto T=0", "mtp", "f32-hybrid", 0.0, 1.0)]
+    with rollback_strategy("capture"):
+        group.append(ours(wide, mtp, k, f"hybrid ours mtp k={k} T=0 (capture)", "mtp",
+                          "f32-hybrid", 0.0, 1.0))
+    group.append(ours(wide, None, 1, "hybrid target-only T=1", "none", "f32-hybrid", 1.0, 1.0))
+    group.append(ours(wide, mtp, k, f"hybrid ours mtp k={k} T=1", "mtp", "f32-hybrid", 1.0,
+                      1.0))
+    for r in group:
+        base = next(b.tok_s for b in group if b.drafter == "none" and b.engine == "mlx-spec"
+                    and b.temperature == r.temperature)
+        r.speedup_vs_target = r.tok_s / base if base else 0.0
+        if r.engine == "mlx-spec" and r.drafter != "none":
+            r.efficiency = efficiency(r, costs)
+        log(f"{r.name:<40} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}  "
+            f"{r.tokens_per_pass:.2f} tok/pass  acc {r.acceptance_rate:.0%}  "
+            f"commit {r.commit_ms_per_pass:.2f} ms/pass")
+    rollback = {}
+    for strategy in ("replay", "capture"):
+        per_pos, per_round = tape_bytes(wide, prompts[0], k, strategy)
+        suffix = " (capture)" if strategy == "capture" else ""
+        row = next(r for r in group if r.name == f"hybrid ours mtp k={k} T=0{suffix}")
+        rollback[strategy] = {
+            "commit_ms_per_round": row.commit_ms_per_pass,
+            "verify_ms_per_round": row.verify_ms_per_pass,
+            "bytes_per_drafted_position": per_pos, "bytes_per_round": per_round,
+            "qwen3.6_27b_bytes_per_drafted_position": full_size_bytes_per_position(strategy),
+        }
+        log(f"rollback {strategy}: commit {row.commit_ms_per_pass:.2f} ms/round, "
+            f"{per_pos / 1024:.1f} KiB per drafted position here")
+    info = {"params": n_params, "noise": cfg.hybrid_noise, "rollback": rollback,
+            "verify_cost_ratio": [c / costs[0] for c in costs], "costs": costs}
+    return group, info
+
