@@ -52,8 +52,7 @@ def agreeing_pair(config: dict[str, Any], *, seed: int = 0, noise: float = 0.0):
     final = mx.array(rng.uniform(0.5, 4.0, d).astype(np.float32))
     target.backbone.norm.weight = final  # sharp and uneven, so a missed norm offset shows
     head = nextn.NextNHead(d, args.rms_norm_eps, lay.block(args), hidden_first=lay.hidden_first)
-    for m in (head.hnorm,):
-        m.weight = mx.array(rng.uniform(0.5, 2.0, d).astype(np.float32))
+    head.hnorm.weight = mx.array(rng.uniform(0.5, 2.0, d).astype(np.float32))
     for module, keep in ((model, noise), (head, 0.0)):
         params = [(k, keep * v if k.endswith(OUTPUT_PROJECTIONS) else v)
                   for k, v in tree_flatten(module.parameters())]

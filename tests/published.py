@@ -10,8 +10,9 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
+from mlx_spec.bench_hybrid import agreeing_pair
 from mlx_spec.drafters import nextn
 from mlx_spec.model import TargetModel
 from mlx_spec.train.modeldir import TOKENIZER_FILES, build_model
@@ -36,48 +37,45 @@ CONFIGS = {
         shared_expert_intermediate_size=64, mlp_only_layers=[], moe_intermediate_size=32,
         rope_theta=10000.0, partial_rotary_factor=0.25, norm_topk_prob=True,
         num_nextn_predict_layers=1),
+    # GLM-4.5: DeepSeek's MTP layout (the module is layer N), gated MoE, partial RoPE, qk norm
+    "glm4_moe": dict(
+        BASE, model_type="glm4_moe", num_hidden_layers=2, moe_intermediate_size=32, head_dim=32,
+        norm_topk_prob=True, n_group=1, topk_group=1, n_shared_experts=1, n_routed_experts=4,
+        routed_scaling_factor=1.0, num_experts_per_tok=2, first_k_dense_replace=1,
+        rope_theta=10000.0, rope_scaling=None, use_qk_norm=True, attention_bias=False,
+        partial_rotary_factor=0.5, num_nextn_predict_layers=1),
+    # DeepSeek-V3: MLA attention, MoE after the first layer, the MTP module as layer 61
+    # (mlx-lm drops exactly `model.layers.61`, so the trunk has the published 61 layers)
+    "deepseek_v3": dict(
+        BASE, model_type="deepseek_v3", num_hidden_layers=61, num_key_value_heads=2,
+        moe_intermediate_size=32, n_shared_experts=1, n_routed_experts=4,
+        routed_scaling_factor=1.0, kv_lora_rank=24, q_lora_rank=None, qk_rope_head_dim=16,
+        v_head_dim=32, qk_nope_head_dim=32, topk_method="noaux_tc", scoring_func="sigmoid",
+        norm_topk_prob=True, n_group=1, topk_group=1, num_experts_per_tok=2, moe_layer_freq=1,
+        first_k_dense_replace=1, rope_theta=10000.0, rope_scaling=None, attention_bias=False,
+        num_nextn_predict_layers=1),
     # MiMo: a dense qwen2-style trunk with model.mtp_layers.*
     "mimo": dict(BASE, model_type="mimo", num_hidden_layers=2, rope_theta=10000.0,
                  num_nextn_predict_layers=1),
 }
-OUTPUT_PROJECTIONS = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
 ZERO_CENTRED_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight",
                       "model.norm.weight", ".q_norm.weight", ".k_norm.weight")
 
 
-def text_args(model):
-    return getattr(model, "language_model", model).args
-
-
 def build_pair(arch: str, seed: int = 0, *, agree: bool = False, noise: float = 0.0):
-    """(trunk model, MTP head) with random weights. agree=True builds a known-answer pair:
-    every layer's output projection is zero, so the target predicts from the current token
-    alone (h_t = norm(Emb(x_t))), and the head, fed x_{t+1}, passes norm(Emb(x_{t+1})) through
-    unchanged: it must then predict exactly what the target will (acceptance ~100%).
-    noise > 0 keeps that fraction of the trunk's output projections: a target that mostly, not
-    always, agrees with the head (partial acceptance, so rollbacks land mid-round)."""
-    config = CONFIGS[arch]
-    model = build_model(config, seed=seed)
+    """(trunk model, MTP head) with random weights; agree=True: the known-answer pair of
+    bench_hybrid.agreeing_pair (the head predicts what the target will, exactly at noise 0;
+    noise > 0 keeps that share of the trunk's layers, so acceptance is partial)."""
+    if agree:
+        return agreeing_pair(CONFIGS[arch], seed=seed, noise=noise)
+    model = build_model(CONFIGS[arch], seed=seed)
     target = TargetModel(model, 512)
-    lay = nextn.layout_for(target)
-    args = target.args
-    rng = np.random.default_rng(seed + 100)
-    final = mx.array(rng.uniform(0.5, 4.0, args.hidden_size).astype(np.float32))
-    target.backbone.norm.weight = final  # sharp, uneven: a missed norm offset shows
+    lay, args = nextn.layout_for(target), target.args
     head = nextn.NextNHead(args.hidden_size, args.rms_norm_eps, lay.block(args),
                            hidden_first=lay.hidden_first)
-    d = args.hidden_size
-    for m in (head.enorm, head.hnorm, head.norm):
-        m.weight = mx.array(rng.uniform(0.5, 2.0, d).astype(np.float32))
-    if agree:
-        for module, keep in ((model, noise), (head, 0.0)):
-            params = [(k, keep * v if k.endswith(OUTPUT_PROJECTIONS) else v)
-                      for k, v in tree_flatten(module.parameters())]
-            module.update(tree_unflatten(params))
-        eye, zero = mx.eye(d), mx.zeros((d, d))
-        head.eh_proj.weight = mx.concatenate([zero, eye] if lay.hidden_first else [eye, zero], 1)
-        head.enorm.weight = mx.ones(d)
-        head.norm.weight = final
+    rng = np.random.default_rng(seed + 100)
+    for m in (head.enorm, head.hnorm, head.norm, target.backbone.norm):
+        m.weight = mx.array(rng.uniform(0.5, 2.0, args.hidden_size).astype(np.float32))
     mx.eval(model.parameters(), head.parameters())
     return model, head
 
@@ -93,7 +91,7 @@ def trunk_to_hf(arch: str, model) -> dict[str, mx.array]:
             k = k.replace("language_model.model.", "model.language_model.")
             k = k.replace("language_model.lm_head.", "lm_head.")
         out.update(_to_hf(arch, k, v))
-    return out
+    return _mla_to_hf(out)
 
 
 def head_to_hf(arch: str, head, target: TargetModel) -> dict[str, mx.array]:
@@ -111,7 +109,19 @@ def head_to_hf(arch: str, head, target: TargetModel) -> dict[str, mx.array]:
         else:
             out.update(_to_hf(arch, prefix + lay.block_prefix + k[len("block."):], v,
                               norms=lay.zero_centred))
-    return out
+    return _mla_to_hf(out)
+
+
+def _mla_to_hf(weights: dict) -> dict:
+    """DeepSeek MLA: mlx-lm splits kv_b_proj into embed_q [H, r, nope] and unembed_out
+    [H, v, r]; the checkpoint stores kv_b_proj [H·(nope + v), r]."""
+    for k in [k for k in weights if k.endswith("self_attn.embed_q.weight")]:
+        base = k[: -len("embed_q.weight")]
+        wk = weights.pop(k).swapaxes(-1, -2)
+        wv = weights.pop(base + "unembed_out.weight")
+        kv_b = mx.concatenate([wk, wv], axis=1)
+        weights[base + "kv_b_proj.weight"] = kv_b.reshape(-1, kv_b.shape[-1])
+    return weights
 
 
 def _to_hf(arch, k, v, norms=None):

@@ -27,11 +27,12 @@ from mlx_spec.drafters.mtp import MTPDrafter
 from mlx_spec.engine import Engine
 from mlx_spec.errors import ModelLoadError, UnsupportedModelError
 from mlx_spec.loading import find_mtp_head, load_engine, load_target, make_drafter
+from mlx_spec.recurrent import rollback_strategy
 from mlx_spec.sampling import SamplingConfig
 from mlx_spec.train.modeldir import build_model, save_model_dir
 
 HYBRID = ["qwen3_5", "qwen3_next"]
-PUBLISHED = ["qwen3_5", "qwen3_next", "mimo"]
+PUBLISHED = ["qwen3_5", "qwen3_next", "glm4_moe", "mimo"]
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +164,7 @@ def test_hybrid_mtp_samples_the_target_distribution(loaded, checkpoints):
 # -- known answer: a head built to agree with its target must be accepted -----------------------
 
 
-@pytest.mark.parametrize("arch", PUBLISHED)
+@pytest.mark.parametrize("arch", [*PUBLISHED, "deepseek_v3"])  # DeepSeek: 61 tiny layers
 def test_known_answer_head_is_accepted(checkpoints, arch):
     engine = load_engine(checkpoints(arch, "agree"), num_draft=4)  # drafter auto: its own head
     assert engine.drafter is not None and engine.drafter.cfg.kind == "nextn"
@@ -339,17 +340,26 @@ def test_recurrent_models_without_rollback_decode_but_do_not_speculate(tmp_path,
         Engine(target, tok, DraftModelDrafter(target, target))
 
 
-def test_trimming_a_recurrent_update_equals_recompute(loaded):
-    target, _ = loaded("qwen3_next", "random")
-    cache = kv.make_cache(target.model)
+@pytest.mark.parametrize("strategy", ["replay", "capture"])
+@pytest.mark.parametrize("arch", HYBRID)
+def test_trimming_a_recurrent_update_equals_recompute(loaded, arch, strategy):
+    """Both rollback strategies (the engine uses replay; the bench measures capture too)."""
+    target, _ = loaded(arch, "random")
     seq = [(i * 37) % 300 + 3 for i in range(40)]
     pos = 0
-    for step in [9, 5, 1, 7, 3]:
-        junk = [(t * 11) % 300 + 3 for t in range(step)]
-        target.forward(seq[pos : pos + step] + junk, cache)
-        assert kv.can_trim_to(cache, pos + step, have=pos + 2 * step)
-        kv.trim_to(cache, pos + step, have=pos + 2 * step)
-        pos += step
-        assert_cache_equals_recompute(target, cache, seq[:pos])
+    with rollback_strategy(strategy):
+        cache = kv.make_cache(target.model)
+        for step in [9, 5, 1, 7, 3]:
+            junk = [(t * 11) % 300 + 3 for t in range(step)]
+            target.forward(seq[pos : pos + step] + junk, cache)
+            assert kv.can_trim_to(cache, pos + step, have=pos + 2 * step)
+            kv.trim_to(cache, pos + step, have=pos + 2 * step)
+            pos += step
+            assert_cache_equals_recompute(target, cache, seq[:pos])
+            # a second update in the same round (a drafter's next step), then back past both
+            target.forward([17, 18], cache)
+            target.forward([19, 20, 21], cache)
+            kv.trim_to(cache, pos, have=pos + 5)
+            assert_cache_equals_recompute(target, cache, seq[:pos])
     assert not kv.can_trim_to(cache, pos - 1, have=pos)  # sealed: a commit is final
 

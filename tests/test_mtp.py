@@ -7,6 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from helpers import assert_cache_equals_recompute, assert_same_or_near_tie
+from mlx_lm.models.base import create_causal_mask
 from test_engine_greedy import PROMPT, run
 from test_engine_sampling import (
     CFG,
@@ -59,7 +60,7 @@ def assert_head_cache_equals_recompute(d, tokens, atol=2e-4):
         return
     ref = [kv.KVCache()]
     d.head(d._embed(tokens[f : f + n], 0), d.hist.rows(f - 1, f + n - 1)[None], ref[0],
-           "causal" if n > 1 else None)
+           create_causal_mask(n, 0) if n > 1 else None)
     got_k, got_v = d.cache[0].keys_and_values()
     want_k, want_v = ref[0].keys_and_values()
     np.testing.assert_allclose(np.array(got_k.astype(mx.float32)),

@@ -31,3 +31,38 @@ def test_wide_target_and_mtp_head_compute_the_same_function(load):
         end = list(engine.generate(prompt, max_tokens=24))[-1]
         outs.append((end.tokens, end.stats.accepted, end.stats.drafted))
     assert outs[0] == outs[1]  # same tokens, and the head proposes exactly the same drafts
+
+
+def test_wide_hybrid_target_and_published_head_compute_the_same_function():
+    """The bench's hybrid target: GDN heads added, hidden/FFN/layers widened, same function;
+    its published-layout MTP head proposes exactly the same drafts on both."""
+    from mlx_spec.bench_hybrid import SMALL, agreeing_pair, nextn_drafter
+    from mlx_spec.model import TargetModel
+    from mlx_spec.widen import widen_hybrid, widen_nextn
+
+    model, head = agreeing_pair(SMALL, noise=0.06)
+    small = TargetModel(model, 4096)
+    wide, _ = widen_hybrid(small, SMALL, hidden=192, layers=5, ffn=512, head_factor=2)
+    assert wide.args.linear_num_value_heads == 2 * small.args.linear_num_value_heads
+    assert parameter_count(wide.model) > 1.5 * parameter_count(small.model)
+    x = mx.array([[5, 9, 33, 100, 7, 250, 1000, 3]])
+    a, b = np.array(small.model(x)), np.array(wide.model(x))
+    np.testing.assert_allclose(a, b, atol=5e-3, rtol=1e-3)
+    assert (a.argmax(-1) == b.argmax(-1)).all()
+
+    class Tok:
+        eos_token_ids: list = []
+
+        def decode(self, ids, **kw):
+            return ""
+
+    prompt = [(i * 29) % 4000 + 5 for i in range(20)]
+    outs = []
+    for target, d in ((small, nextn_drafter(head, small)),
+                      (wide, widen_nextn(nextn_drafter(head, small), small, wide))):
+        engine = Engine(target, Tok(), d, num_draft=3)
+        engine.eos = set()
+        end = list(engine.generate(prompt, max_tokens=24))[-1]
+        outs.append((end.tokens, end.stats.accepted, end.stats.drafted))
+    assert outs[0] == outs[1]
+    assert 0 < outs[0][1] < outs[0][2]

@@ -28,6 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
+from mlx_lm.models.base import create_causal_mask
 
 from .. import cache as kv
 from ..errors import ModelLoadError, TokenizerMismatchError
@@ -256,8 +257,10 @@ class MTPDrafter:
             def step(tokens, h, pos):
                 n_in = tokens.size if isinstance(tokens, mx.array) else len(tokens)
                 emb = self._embed(tokens, self.cached)
+                # an explicit mask: some blocks (DeepSeek's MLA) take no "causal" shorthand
+                mask = create_causal_mask(n_in, self.cached) if n_in > 1 else None
                 self.cached += n_in
-                return self.head(emb, h, self.cache[0], "causal" if n_in > 1 else None)
+                return self.head(emb, h, self.cache[0], mask)
 
             first = (ctx.tokens[start:], self.hist.rows(start - 1, n - 1)[None], start)
             self.trusted = n
