@@ -104,6 +104,26 @@ def full_size_bytes_per_position(strategy: str, dims: dict = QWEN36_27B) -> int:
     return per_layer * dims["gdn_layers"]
 
 
+def target_only_parity(wide: TargetModel, prompts, max_tokens: int, ours: Callable,
+                       run_mlx_lm: Callable, make_row: Callable, pairs: int = 2) -> dict:
+    """Our target-only decoding ÷ mlx-lm's generate_step on the same model, in ABBA order (one
+    row each is too noisy on a shared machine: single runs here vary by ±10%)."""
+    import statistics
+
+    def a() -> float:
+        return ours(wide, None, 1, "parity", "none", "f32-hybrid", 0.0, 1.0).tok_s
+
+    def b() -> float:
+        return run_mlx_lm(wide, None, prompts, max_tokens, 0.0, 1.0, 1,
+                          make_row("parity", "none", "mlx-lm", "f32-hybrid", 0.0, 1.0, 0)).tok_s
+
+    ratios = []
+    for _ in range(pairs):
+        a1, b1, b2, a2 = a(), b(), b(), a()
+        ratios.append((a1 + a2) / (b1 + b2))
+    return {"median": statistics.median(ratios), "pairs": ratios}
+
+
 def hybrid_rows(cfg, prompts: list[list[int]], ours: Callable, run_mlx_lm: Callable,
                 make_row: Callable, efficiency: Callable, log: Callable[[str], None]
                 ) -> tuple[list, dict[str, Any]]:
@@ -151,7 +171,10 @@ def hybrid_rows(cfg, prompts: list[list[int]], ours: Callable, run_mlx_lm: Calla
         }
         log(f"rollback {strategy}: commit {row.commit_ms_per_pass:.2f} ms/round, "
             f"{per_pos / 1024:.1f} KiB per drafted position here")
-    info = {"params": n_params, "noise": cfg.hybrid_noise, "rollback": rollback,
+    parity = target_only_parity(wide, prompts, cfg.max_tokens, ours, run_mlx_lm, make_row)
+    log(f"hybrid target-only ÷ mlx-lm generate_step, median of ABBA pairs: "
+        f"{parity['median']:.3f} ({' '.join(f'{r:.3f}' for r in parity['pairs'])})")
+    info = {"params": n_params, "parity": parity, "noise": cfg.hybrid_noise, "rollback": rollback,
             "verify_cost_ratio": [c / costs[0] for c in costs], "costs": costs}
     return group, info
 

@@ -65,6 +65,20 @@ def _check_model_dir(path: Path) -> None:
         raise ModelLoadError(f"no weights (*.safetensors) in {path}")
 
 
+def _local_dir(name: str | Path) -> Path:
+    """A local directory for a path, or for a hub repo id such as a sidecar MTP head
+    (`mlx-community/Qwen3.6-27B-MTP-4bit`), fetched into the Hugging Face cache if needed."""
+    p = Path(name).expanduser()
+    if p.exists() or str(name).startswith((".", "/", "~")) or str(name).count("/") != 1:
+        return p
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors"]))
+    except Exception as e:
+        raise ModelLoadError(f"cannot fetch {name}: {_one_line(e)}") from e
+
+
 def _display_name(path_or_repo: str | Path) -> str:
     p = Path(path_or_repo)
     return p.name if p.exists() else str(path_or_repo)
@@ -140,7 +154,7 @@ def make_drafter(kind: str, target: TargetModel, *, model_path=None, draft_model
     if kind == "mtp":
         from .drafters.mtp import load_mtp_drafter
 
-        path = mtp or find_mtp_head(model_path, target)
+        path = _local_dir(mtp) if mtp else find_mtp_head(model_path, target)
         if path is None:
             if nextn.declared_layers(target, target.config):
                 raise ModelLoadError(

@@ -23,3 +23,9 @@ def test_bench_runs_and_greedy_rows_agree(tmp_path):
                 "speedup_vs_target", "tokens_per_pass", "acceptance_rate"} <= set(r)
         assert r["tok_s"] > 0
     assert "| row |" in (tmp_path / "BENCH.md").read_text()
+    hybrid = saved["hybrid"]  # the hybrid group: rows, both rollback strategies, parity
+    assert {"hybrid target-only T=0", "hybrid ours draft (twin) k=2 T=0",
+            "hybrid ours mtp k=2 T=0", "hybrid ours mtp k=2 T=0 (capture)"} <= names
+    assert set(hybrid["rollback"]) == {"replay", "capture"}
+    assert all(r["bytes_per_drafted_position"] > 0 for r in hybrid["rollback"].values())
+    assert hybrid["parity"]["median"] > 0

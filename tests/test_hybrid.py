@@ -271,8 +271,9 @@ def mlx_conversion(tmp_path_factory, loaded, tokenizer_dir):
     return out
 
 
-@pytest.mark.parametrize("bits", [None, 4])
-def test_sidecar_head_beside_an_mlx_conversion(mlx_conversion, checkpoints, tmp_path, bits):
+@pytest.mark.parametrize(("bits", "where"), [(None, "beside"), (4, "beside"), (8, "inside")])
+def test_sidecar_head_beside_an_mlx_conversion(mlx_conversion, checkpoints, tmp_path, bits,
+                                               where):
     model_dir = tmp_path / mlx_conversion.name
     shutil.copytree(mlx_conversion, model_dir)
     target, _ = load_target(model_dir)
@@ -280,7 +281,8 @@ def test_sidecar_head_beside_an_mlx_conversion(mlx_conversion, checkpoints, tmp_
     with pytest.raises(ModelLoadError, match="declares an MTP layer"):
         make_drafter("mtp", target, model_path=model_dir)
     reference = make_drafter("mtp", target, mtp=checkpoints("qwen3_5", "agree"))  # --mtp DIR
-    side = write_sidecar(tmp_path / f"{model_dir.name}-mtp", "qwen3_5", reference.head, bits=bits)
+    side_dir = tmp_path / f"{model_dir.name}-mtp" if where == "beside" else model_dir / "mtp"
+    side = write_sidecar(side_dir, "qwen3_5", reference.head, bits=bits)
     assert find_mtp_head(model_dir, target) == side
     engine = load_engine(model_dir, num_draft=4)  # auto finds the sidecar
     assert engine.drafter.cfg.kind == "nextn"
@@ -323,6 +325,16 @@ def test_bad_heads_are_refused_by_name(checkpoints, loaded, tmp_path):
     mx.save_safetensors(str(side / "model.safetensors"), {"fc.weight": mx.zeros((96, 192))})
     with pytest.raises(ModelLoadError, match="hidden size is 96"):
         make_drafter("mtp", target, mtp=side)
+
+
+def test_unknown_hub_head_is_one_line(loaded, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # no network in tests
+    target, _ = loaded("qwen3_5", "random")
+    with pytest.raises(ModelLoadError, match="cannot fetch nobody/none-MTP-4bit") as e:
+        make_drafter("mtp", target, mtp="nobody/none-MTP-4bit")
+    assert "\n" not in str(e.value)
 
 
 def test_recurrent_models_without_rollback_decode_but_do_not_speculate(tmp_path, tokenizer_dir):
