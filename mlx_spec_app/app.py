@@ -1,29 +1,25 @@
-"""The chat app.
+"""The chat app: layout, loading, settings, saved conversations and view toggles.
 
 The engine runs in a child process (mlx_spec.EngineProcess: its own GIL, so the UI's Python never
 stalls it), driven from worker threads one call at a time (every action that would start another
-waits until the app is idle). Tokens reach the UI through a TokenBuffer that a paced timer drains
-(at most 30 times a second, less when frames are costly: see FramePacer); turn ends and failures
-arrive as messages.
+waits until the app is idle). Turns belong to the chat pane (chat.py: `Chat`, their one owner);
+the keys come from one table (keys.py).
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
-import threading
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.screen import Screen
-from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
 
 from mlx_spec import (
@@ -32,52 +28,30 @@ from mlx_spec import (
     EngineProcess,
     EngineService,
     MlxSpecError,
-    TokenEvent,
+    Totals,
+    TurnStats,
+    user_message,
 )
 
-from .actions import HistoryActions, SettingsActions, ViewActions
+from .chat import Busy, Chat, LastTurn
 from .history import History
-from .race import RACING, LastTurn, RaceMixin
-from .screens import LoadErrorScreen
-from .session import SessionTotals
-from .settings import Settings
-from .stream import (
-    EngineReady,
-    FramePacer,
-    LoadFailed,
-    TokenBuffer,
-    TurnDone,
-    TurnFailed,
-    one_line,
-)
-from .widgets import LEGEND, Answer, PromptInput, StatsPanel, UserMessage, stats_line
+from .keys import ACTIONS, bindings
+from .screens import HelpScreen, HistoryScreen, LoadErrorScreen, SettingsScreen
+from .settings import EngineChoice, Settings
+from .stream import EngineReady, EngineSwitched, LoadFailed
+from .widgets import LEGEND, Answer, PromptInput, StatsPanel
 
 # With the engine in this process (EngineInThread: tests, MLX_SPEC_ENGINE=thread), its thread
 # needs the GIL back the moment an MLX evaluation returns; Python's default 5 ms switch interval
 # lets a UI frame in progress keep it that long. Set while the app runs, restored when it ends.
 GIL_SWITCH_S = 0.001
-GENERATING = "generating"
-STREAMING = (GENERATING, RACING)  # states in which the engine runs a turn
+CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 
 
-class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[None]):
-    """The chat. Turns and loading live here; the other actions in actions.py and race.py."""
-
+class SpecChatApp(App[None]):
     TITLE = "mlx-spec"
     CSS_PATH = "app.tcss"
-    BINDINGS = [
-        Binding("escape", "stop", "stop"),
-        Binding("ctrl+r", "regenerate", "regenerate"),
-        Binding("ctrl+n", "new_chat", "new chat"),
-        Binding("ctrl+o", "conversations", "history"),
-        Binding("ctrl+s", "settings", "settings"),
-        Binding("ctrl+t", "toggle_highlight", "highlight"),
-        Binding("ctrl+g", "toggle_markdown", "markdown"),
-        Binding("f5", "race", "race"),
-        Binding("f8", "copy_answer", "copy", show=False),
-        Binding("f9", "copy_code", "copy code", show=False),
-        Binding("f1", "help", "help"),
-    ]
+    BINDINGS = bindings()
 
     def __init__(self, *, model: str | None = None, drafter: str = "auto",
                  draft_model: str | None = None, mtp: str | None = None,
@@ -94,19 +68,28 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
         self.engine: EngineService | None = None
         self.baseline = baseline
         self._given_engine = engine
-        self.settings = Settings.restore(self.history.get("settings"), num_draft=num_draft)
-        self.messages: list[dict[str, str]] = []
-        self.conversation: int | None = None
-        self.buffer = TokenBuffer()
-        self.stop_event = threading.Event()
-        self.answer: Answer | None = None  # the answer being streamed
-        self.busy = "loading"  # "" when idle; else what the engine is doing
+        self.settings = Settings.restore(self.history.get("settings"))
         self.highlight = True
-        self.totals = SessionTotals()
-        self.last_turn: LastTurn | None = None
-        self._sent: tuple[str, int] | None = None  # (text, message id) of an unanswered send
-        self.pacer = FramePacer()
-        self._flush_timer: Timer | None = None
+        self.totals = Totals()
+        self.chat = Chat(self.history, id="chat")
+        self._pending_engine: EngineChoice | None = None  # applied once the engine is idle
+
+    # what the chat pane owns, read by tests and tools
+    @property
+    def busy(self) -> Busy:
+        return self.chat.busy
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return self.chat.messages
+
+    @property
+    def conversation(self) -> int | None:
+        return self.chat.conversation
+
+    @property
+    def last_turn(self) -> LastTurn | None:
+        return self.chat.last_turn
 
     # -- layout --------------------------------------------------------------------------------
 
@@ -114,7 +97,7 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
         yield Header()
         with Horizontal(id="body"):
             with Vertical(id="main"):
-                yield VerticalScroll(id="chat")
+                yield self.chat
                 with Horizontal(id="bar"):
                     yield Static(LEGEND, id="legend")
                     yield Static("", id="status")
@@ -125,12 +108,12 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
     def on_mount(self) -> None:
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(GIL_SWITCH_S)
-        self.query_one("#chat", VerticalScroll).anchor()  # follow the stream until scrolled
+        self.chat.anchor()  # follow the stream until scrolled
         self.query_one(PromptInput).focus()
         if self._given_engine is None:
             self._start_load(self.load_args["model"], remembered_ok=True)
         elif self.baseline is None:
-            self.set_busy("measuring the baseline…")
+            self.set_busy(Busy.MEASURING)
             self._measure(self._given_engine)
         else:
             self.on_engine_ready(EngineReady(self._given_engine, self.baseline))
@@ -142,52 +125,34 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
 
     def get_system_commands(self, screen: Screen):
         yield from super().get_system_commands(screen)
-        for title, text, action in [
-            ("New chat", "start a new conversation (ctrl+n)", self.action_new_chat),
-            ("Regenerate", "answer the last message again (ctrl+r)", self.action_regenerate),
-            ("Stop", "stop the answer being generated (esc)", self.action_stop),
-            ("Race target-only", "re-run the last prompt without a drafter (f5)",
-             self.action_race),
-            ("Copy answer", "copy the last answer (f8)", self.action_copy_answer),
-            ("Copy code block", "copy the last answer's last code block (f9)",
-             self.action_copy_code),
-            ("Toggle highlighting", "colour tokens by kind (ctrl+t)",
-             self.action_toggle_highlight),
-            ("Toggle Markdown", "the last answer as Markdown (ctrl+g)",
-             self.action_toggle_markdown),
-            ("Settings", "sampling, draft length, drafter, system prompt (ctrl+s)",
-             self.action_settings),
-            ("Conversations", "open or delete saved conversations (ctrl+o)",
-             self.action_conversations),
-            ("Keys", "every key and token colour (f1)", self.action_help),
-        ]:
-            yield SystemCommand(title, text, action)
+        for a in ACTIONS:
+            yield SystemCommand(a.title, f"{a.help} ({a.key})", getattr(self, f"action_{a.action}"))
 
-    def set_busy(self, state: str) -> None:
-        streaming = state in STREAMING
-        if streaming != (self.busy in STREAMING):
+    def set_busy(self, state: Busy, detail: str = "") -> None:
+        if state.streaming != self.chat.busy.streaming:
             # While the engine runs, the garbage collector only looks at objects made since it
             # started: a full collection scans every widget and style the app holds (100+ ms
             # of UI thread here, in one go), and the UI thread's time is the engine's.
             # Unfrozen once idle, so what the turn left behind is collected as usual.
-            if streaming:
+            if state.streaming:
                 gc.freeze()
             else:
                 gc.unfreeze()
                 self.set_timer(1.0, self._collect_when_idle)
-        self.busy = state
+        self.chat.busy, self.chat.detail = state, detail
         self._show_status()
         # No cursor blink while the engine runs: every repaint of a region far from the streamed
         # answer widens the area the compositor redraws each frame, and UI time is engine time.
         self.query_one(PromptInput).cursor_blink = not state
 
     def _collect_when_idle(self) -> None:
-        if self.busy not in STREAMING:
+        if not self.chat.busy.streaming:
             gc.collect()
 
     def _show_status(self) -> None:
-        if self.busy:
-            text = self.busy + (" · esc stops" if self.busy in STREAMING else "")
+        busy = self.chat.busy
+        if busy:
+            text = self.chat.status + (" · esc stops" if busy.streaming else "")
         elif self.engine is not None:
             text = f"ready · {self._engine_label()}"
         else:
@@ -209,7 +174,7 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
             args.update(model=last["model"], draft_model=args["draft_model"] or
                         last.get("draft_model"), mtp=args["mtp"] or last.get("mtp"))
             remembered = True
-        self.set_busy(f"loading {args['model'] or 'the demo pair'}…")
+        self.set_busy(Busy.LOADING, args["model"] or "the demo pair")
         self._load(args, remembered)
 
     @work(thread=True, exclusive=True, group="load")
@@ -232,8 +197,7 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
                 raise
             self.post_message(EngineReady(engine, baseline, args))
         except Exception as e:  # noqa: BLE001 - the user gets one line, never a traceback
-            text = str(e) if isinstance(e, MlxSpecError) else f"cannot load: {one_line(e)}"
-            self.post_message(LoadFailed(text, args["model"]))
+            self.post_message(LoadFailed(user_message(e, "cannot load"), args["model"]))
 
     @work(thread=True, exclusive=True, group="load")
     def _measure(self, engine: EngineService) -> None:
@@ -246,11 +210,9 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
             self.load_args = msg.load_args
             self.history.set("last_model", _remembered(msg.load_args)
                              if msg.load_args["model"] else None)
-        info = engine.info
-        self.settings = replace(self.settings, drafter=info.drafter, num_draft=info.num_draft)
-        self.sub_title = info.target
+        self.sub_title = engine.info.target
         self._show_engine()
-        self.set_busy("")
+        self.set_busy(Busy.IDLE)
 
     def _show_engine(self) -> None:
         assert self.engine is not None
@@ -258,7 +220,7 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
             f"{self.engine.info.target}\n{self._engine_label()}", self.baseline)
 
     def on_load_failed(self, msg: LoadFailed) -> None:
-        self.set_busy("model not loaded")
+        self.set_busy(Busy.NOT_LOADED)
 
         def chosen(choice: str | None) -> None:
             if choice == "demo":
@@ -268,148 +230,146 @@ class SpecChatApp(ViewActions, SettingsActions, HistoryActions, RaceMixin, App[N
 
         self.push_screen(LoadErrorScreen(msg.text, can_use_demo=msg.model is not None), chosen)
 
-    # -- a turn --------------------------------------------------------------------------------
+    # -- turns (the chat pane owns them) -------------------------------------------------------
 
     def on_prompt_input_submitted(self, msg: PromptInput.Submitted) -> None:
         text = msg.text.rstrip()
         if not text.strip():
             self.notify("Empty message: nothing to send.", severity="warning")
             return
-        if not self._can_start():
-            return
-        self.query_one(PromptInput).clear()
-        if self.conversation is None:
-            self.conversation = self.history.new_conversation(text, self.sub_title)
-        mid = self.history.add_message(self.conversation, "user", text)
-        self._sent = (text, mid)
-        self.messages.append({"role": "user", "content": text})
-        self.query_one("#chat").mount(UserMessage(text))
-        self._start_turn()
+        if self.chat.send(text, self.sub_title):
+            self.query_one(PromptInput).clear()
 
-    def _can_start(self) -> bool:
-        """True when the engine is idle; else says why not."""
-        if self.engine is None:
-            self.notify("The model is not loaded yet.", severity="warning")
-        elif self.busy:
-            self.notify(f"Busy ({self.busy.rstrip('…')}): press esc to stop.",
-                        severity="warning")
-        return self.engine is not None and not self.busy
-
-    def _engine_messages(self) -> list[dict[str, str]]:
-        system = self.settings.system_prompt
-        return ([{"role": "system", "content": system}] if system else []) + list(self.messages)
-
-    def _start_turn(self) -> None:
-        self.answer = Answer(self.highlight)
-        chat = self.query_one("#chat", VerticalScroll)
-        chat.mount(self.answer)
-        chat.anchor()
-        self.buffer.drain()
-        self.stop_event = threading.Event()  # one per turn: a late esc cannot stop the next
-        self.set_busy(GENERATING)
-        self._generate(self._engine_messages(), self.settings, self.stop_event)
-        if self._flush_timer is not None:
-            self._flush_timer.stop()
-        self._flush_timer = self.set_timer(self.pacer.start(), self._tick)
-
-    @work(thread=True, exclusive=True, group="gen")
-    def _generate(self, messages: list[dict[str, str]], settings: Settings,
-                  stop: threading.Event) -> None:
-        engine = self.engine
-        assert engine is not None
-        try:
-            for ev in engine.chat(messages, max_tokens=settings.max_tokens,
-                                  sampling=settings.sampling, stop=stop):
-                if isinstance(ev, TokenEvent):
-                    self.buffer.push(ev)
-                else:
-                    self.post_message(TurnDone(ev))
-        except Exception as e:  # noqa: BLE001 - one line for the user, never a traceback
-            self.post_message(TurnFailed(str(e) if isinstance(e, MlxSpecError)
-                                         else f"generation failed: {one_line(e)}"))
-
-    def _tick(self) -> None:
-        """Flush, then come back after as long as the pacer says, while an answer streams."""
-        self.flush()
-        if self.answer is not None:
-            self._flush_timer = self.set_timer(self.pacer.next_delay(), self._tick)
-        else:
-            self._flush_timer = None
-
-    def flush(self) -> None:
-        """Move buffered tokens into the streaming answer (on the UI thread)."""
-        if self.answer is None or not len(self.buffer):
-            return
-        self.answer.extend(self.buffer.drain())  # only the answer's live tail is redrawn
-
-    def on_turn_done(self, msg: TurnDone) -> None:
-        self.flush()
-        answer, self.answer = self.answer, None
-        s = msg.end.stats
-        if answer is not None:
-            answer.finish(s, stats_line(s, self.baseline))
-            self.messages.append({"role": "assistant", "content": answer.text})
-            if self.conversation is not None:
-                self.history.add_message(self.conversation, "assistant", answer.text,
-                                         kinds=answer.runs, stats=s.to_dict(),
-                                         partial=answer.partial)
-            self.last_turn = LastTurn(self._engine_messages()[:-1], msg.end, answer)
-        self._sent = None
-        self.totals.add(s)
+    def turn_ended(self, stats: TurnStats) -> None:
+        """Called by the chat when a turn finished: totals, then any engine change waiting."""
+        self.totals.add(stats)
         self.query_one(StatsPanel).show_totals(self.totals, self.baseline)
-        self.set_busy("")
-        self._apply_pending()
+        self.set_busy(Busy.IDLE)
+        if self._pending_engine is not None:
+            pending, self._pending_engine = self._pending_engine, None
+            self._switch(pending)
 
-    def on_turn_failed(self, msg: TurnFailed) -> None:
-        """E.g. a prompt longer than the context: forget the message, give its text back."""
-        self.buffer.drain()
-        if self.answer is not None:
-            self.answer.remove()
-            self.answer = None
-        if self._sent is not None:
-            text, mid = self._sent
-            self._sent = None
-            self.history.delete_message(mid)
-            self.messages.pop()
-            self.query(UserMessage).last().remove()
-            prompt = self.query_one(PromptInput)
-            if not prompt.text:
-                prompt.text = text
-            if not self.messages and self.conversation is not None:
-                self.history.delete(self.conversation)
-                self.conversation = None
-        self.set_busy("")
-        self.notify(msg.text, title=msg.title, severity="error", timeout=10)
-
-    # -- actions -------------------------------------------------------------------------------
+    def give_back(self, text: str) -> None:
+        """A message that was not sent goes back into the empty prompt."""
+        prompt = self.query_one(PromptInput)
+        if not prompt.text:
+            prompt.text = text
 
     def action_stop(self) -> None:
-        if self.busy in STREAMING:
-            self.stop_event.set()
+        self.chat.stop()
 
     def action_regenerate(self) -> None:
-        if not self._can_start():
-            return
-        if not self.messages:
-            self.notify("Nothing to regenerate yet.", severity="warning")
-            return
-        if self.messages[-1]["role"] == "assistant":
-            self.messages.pop()
-            if self.conversation is not None:
-                self.history.delete_last_answer(self.conversation)
-            self.query(Answer).last().remove()
-        self._sent = None
-        self._start_turn()
+        self.chat.regenerate()
+
+    def action_race(self) -> None:
+        self.chat.race()
 
     def action_new_chat(self) -> None:
-        if self.busy and self.engine is not None:
+        if self.chat.busy and self.engine is not None:
             self.notify("Busy: press esc to stop first.", severity="warning")
             return
-        self._clear_chat()
+        self.chat.clear()
 
-    def _clear_chat(self) -> None:
-        self.messages, self.conversation, self.last_turn = [], None, None
-        self.query_one("#chat").remove_children()
+    # -- saved conversations -------------------------------------------------------------------
+
+    def action_conversations(self) -> None:
+        if self.chat.busy and self.engine is not None:
+            self.notify("Busy: press esc to stop first.", severity="warning")
+            return
+        self.push_screen(HistoryScreen(self.history), self.open_conversation)
+
+    def open_conversation(self, conversation: int | None) -> None:
+        if conversation is not None:
+            self.chat.open(conversation)
+        elif self.chat.conversation is not None and not self.history.exists(
+                self.chat.conversation):
+            self.chat.clear()  # the open conversation was just deleted
+
+    # -- settings ------------------------------------------------------------------------------
+    # Sampling, system prompt and answer length apply to the next turn. Drafter and draft length
+    # change the engine, so a worker applies them while the engine is idle.
+
+    def action_settings(self) -> None:
+        if self.engine is None:
+            self.notify("The model is not loaded yet.", severity="warning")
+            return
+        info = self.engine.info
+        self.push_screen(SettingsScreen(self.settings, EngineChoice.of(info),
+                                        list(info.drafters)), self.apply_settings)
+
+    def apply_settings(self, chosen: tuple[Settings, EngineChoice] | None) -> None:
+        if chosen is None:
+            return
+        self.settings, engine = chosen
+        self.history.set("settings", self.settings.saved())
+        assert self.engine is not None
+        if engine == EngineChoice.of(self.engine.info):
+            self.notify("Settings saved.")
+        elif self.chat.busy:
+            self._pending_engine = engine
+            self.notify("Drafter / draft length change: after this answer.")
+        else:
+            self._switch(engine)
+
+    def _switch(self, engine: EngineChoice) -> None:
+        self.set_busy(Busy.SWITCHING, f"to {engine.drafter}")
+        self._switch_worker(engine)
+
+    @work(thread=True, exclusive=True, group="gen")
+    def _switch_worker(self, choice: EngineChoice) -> None:
+        assert self.engine is not None
+        try:
+            self.engine.configure(drafter=choice.drafter, num_draft=choice.num_draft)
+            self.post_message(EngineSwitched())
+        except Exception as e:  # noqa: BLE001 - one line for the user, never a traceback
+            self.post_message(EngineSwitched(user_message(e, "cannot switch")))
+
+    def on_engine_switched(self, msg: EngineSwitched) -> None:
+        self._show_engine()
+        self.set_busy(Busy.IDLE)
+        if msg.error:
+            self.notify(msg.error, title="Drafter not changed", severity="error", timeout=10)
+        else:
+            self.notify(f"Now: {self._engine_label()}.")
+
+    # -- view ----------------------------------------------------------------------------------
+
+    def action_toggle_highlight(self) -> None:
+        self.highlight = not self.highlight
+        for answer in self.query(Answer):
+            answer.set_highlight(self.highlight)
+        self.query_one("#legend").set_class(not self.highlight, "off")
+
+    def _last_answer(self) -> Answer | None:
+        answers = [a for a in self.query(Answer) if a is not self.chat.answer]  # finished ones
+        return answers[-1] if answers else None
+
+    def action_toggle_markdown(self) -> None:
+        answer = self._last_answer()
+        if answer is None:
+            self.notify("No finished answer yet.", severity="warning")
+            return
+        answer.toggle_markdown()
+
+    def action_copy_answer(self) -> None:
+        answer = self._last_answer()
+        if answer is None or not answer.text:
+            self.notify("No answer to copy.", severity="warning")
+            return
+        self.copy_to_clipboard(answer.text)
+        self.notify(f"Copied the answer ({len(answer.text)} characters).")
+
+    def action_copy_code(self) -> None:
+        answer = self._last_answer()
+        blocks = CODE_BLOCK.findall(answer.text) if answer is not None else []
+        if not blocks:
+            self.notify("No code block in the last answer.", severity="warning")
+            return
+        self.copy_to_clipboard(blocks[-1])
+        self.notify(f"Copied the code block ({len(blocks[-1].splitlines())} lines).")
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
 
 
 def _remembered(args: dict[str, Any]) -> dict[str, str | None]:

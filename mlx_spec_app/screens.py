@@ -14,27 +14,9 @@ from textual.widgets import Button, Input, Label, OptionList, Select, Static
 from textual.widgets.option_list import Option
 
 from .history import History
-from .settings import Settings
+from .keys import help_rows
+from .settings import EngineChoice, Settings
 from .widgets import KIND_LABEL, KIND_STYLE
-
-# The one list of keys: the help screen shows it and docs/APP.md repeats it.
-KEYS = [
-    ("enter", "send the message"),
-    ("ctrl+j", "new line in the message (also shift+enter where the terminal reports it)"),
-    ("escape", "stop generating: the partial answer is kept, marked [stopped]"),
-    ("ctrl+r", "regenerate the last answer"),
-    ("ctrl+n", "new chat"),
-    ("ctrl+o", "saved conversations: open / delete"),
-    ("ctrl+s", "settings: sampling, draft length, drafter, system prompt"),
-    ("ctrl+t", "token highlighting on / off"),
-    ("ctrl+g", "last answer as Markdown / as coloured tokens"),
-    ("f5", "race: the last prompt again, target-only; tok/s side by side"),
-    ("f8", "copy the last answer"),
-    ("f9", "copy the last code block of the last answer"),
-    ("f1", "this help"),
-    ("ctrl+p", "command palette (every action above)"),
-    ("ctrl+q", "quit"),
-]
 
 COLOURS = [
     ("accepted", "a drafted token the target agreed with"),
@@ -46,7 +28,8 @@ COLOURS = [
 
 def help_content() -> Content:
     rows = [Content.styled("Keys", "bold")]
-    rows += [Content.assemble((f"  {key:<9}", "bold $text-accent"), text) for key, text in KEYS]
+    rows += [Content.assemble((f"  {key:<9}", "bold $text-accent"), text)
+             for key, text in help_rows()]
     rows += [Content(""), Content.styled("Token colours", "bold")]
     rows += [Content.assemble("  ", (f"{KIND_LABEL[k]:<20}", KIND_STYLE[k] or "$text-muted"),
                               f" {text}") for k, text in COLOURS]
@@ -74,8 +57,8 @@ class HelpScreen(ModalScreen[None]):
         self.dismiss()
 
 
-class SettingsScreen(ModalScreen[Settings | None]):
-    """Edit the settings; dismisses with new Settings, or None when cancelled."""
+class SettingsScreen(ModalScreen[tuple[Settings, EngineChoice] | None]):
+    """Edit the settings; dismisses with (Settings, EngineChoice), or None when cancelled."""
 
     BINDINGS = [Binding("escape", "cancel", "cancel"), Binding("ctrl+s", "save", "save")]
     DEFAULT_CSS = """
@@ -89,18 +72,18 @@ class SettingsScreen(ModalScreen[Settings | None]):
     SettingsScreen Button { margin-right: 2; }
     """
 
-    def __init__(self, current: Settings, drafters: list[str]) -> None:
+    def __init__(self, current: Settings, engine: EngineChoice, drafters: list[str]) -> None:
         super().__init__()
-        self.current, self.drafters = current, drafters
+        self.current, self.engine, self.drafters = current, engine, drafters
 
     def compose(self) -> ComposeResult:
-        s, c = self.current.sampling, self.current
+        s, c, e = self.current.sampling, self.current, self.engine
         fields = [
             ("temperature (0 = greedy)", Input(str(s.temperature), id="temperature")),
             ("top-p", Input(str(s.top_p), id="top_p")),
             ("top-k (0 = off)", Input(str(s.top_k), id="top_k")),
-            ("draft length", Input(str(c.num_draft), id="num_draft", placeholder="1..16 or auto")),
-            ("drafter", Select([(d, d) for d in self.drafters], value=c.drafter, id="drafter",
+            ("draft length", Input(str(e.num_draft), id="num_draft", placeholder="1..16 or auto")),
+            ("drafter", Select([(d, d) for d in self.drafters], value=e.drafter, id="drafter",
                                allow_blank=False)),
             ("max tokens per answer", Input(str(c.max_tokens), id="max_tokens")),
             ("system prompt", Input(c.system_prompt, id="system_prompt",
@@ -120,8 +103,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
     def _value(self, name: str) -> str:
         return self.query_one(f"#{name}", Input).value.strip()
 
-    def parse(self) -> Settings:
-        """The form as Settings; raises ValueError with a readable message."""
+    def parse(self) -> tuple[Settings, EngineChoice]:
+        """The form's values; raises ValueError with a readable message."""
         try:
             sampling = replace(self.current.sampling,  # SamplingConfig validates its values
                                temperature=float(self._value("temperature")),
@@ -136,8 +119,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
         if not (max_tokens.isdigit() and int(max_tokens) >= 1):
             raise ValueError("max tokens must be a whole number >= 1")
         drafter = str(self.query_one("#drafter", Select).value)
-        return Settings(sampling, "auto" if nd == "auto" else int(nd), drafter,
-                        self._value("system_prompt"), int(max_tokens))
+        return (Settings(sampling, self._value("system_prompt"), int(max_tokens)),
+                EngineChoice(drafter, "auto" if nd == "auto" else int(nd)))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.action_save() if event.button.id == "save" else self.action_cancel()

@@ -14,7 +14,7 @@ from typing import Any
 
 from textual.message import Message
 
-from mlx_spec import Baseline, EngineService, TokenEvent, TurnEnd
+from mlx_spec import Baseline, EngineService, TokenEvent
 
 # Characters Textual's Content strips from text. Removed before spans are computed, so the
 # span offsets of coloured tokens stay aligned with the text that is displayed.
@@ -23,12 +23,6 @@ _STRIPPED = dict.fromkeys([7, 8, 11, 12, 13])
 
 def clean(text: str) -> str:
     return text.translate(_STRIPPED)
-
-
-def one_line(error: BaseException) -> str:
-    """A user-facing line for an unexpected error (MlxSpecError's str() already is one)."""
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
 
 
 class TokenBuffer:
@@ -111,24 +105,6 @@ class LoadFailed(Message):
     def __init__(self, text: str, model: str | None) -> None:
         super().__init__()
         self.text, self.model = text, model
-
-
-class TurnDone(Message):
-    def __init__(self, end: TurnEnd) -> None:
-        super().__init__()
-        self.end = end
-
-
-class TurnFailed(Message):
-    def __init__(self, text: str, title: str = "Not sent") -> None:
-        super().__init__()
-        self.text, self.title = text, title
-
-
-class RaceDone(Message):
-    def __init__(self, end: TurnEnd) -> None:
-        super().__init__()
-        self.end = end
 
 
 class EngineSwitched(Message):

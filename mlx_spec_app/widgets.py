@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import fields
 from typing import Any
 
 from rich.segment import Segment
@@ -18,9 +17,10 @@ from textual.visual import Visual
 from textual.widget import Widget
 from textual.widgets import Markdown, Static, TextArea
 
-from mlx_spec import Baseline, TurnStats
+from mlx_spec import Baseline, Totals, TurnStats
 
-from .session import MB, SessionTotals
+MB = 2**20
+
 
 # Theme variables, so every theme keeps the meaning. Not colour-only: a correction is also bold
 # and underlined, a bonus token italic; accepted and target-only text differ by colour alone, and
@@ -41,13 +41,6 @@ LEGEND = Content(" ").join(  # short: it shares one row with the status (f1 expl
     Content.styled(f"■ {kind}", KIND_STYLE[kind] or "$text-muted") for kind in KIND_STYLE
 )
 STOPPED = "[stopped]"
-
-
-def stats_from_dict(d: dict[str, Any]) -> TurnStats:
-    """TurnStats back from its to_dict() (history stores that), ignoring derived fields."""
-    names = {f.name for f in fields(TurnStats)}
-    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names}
-    return TurnStats(**kw)
 
 
 def stats_line(s: TurnStats, baseline: Baseline | None) -> str:
@@ -322,7 +315,7 @@ class StatsPanel(VerticalScroll):
             self.query_one("#method", Static).update(Content(
                 f"speedup = tok/s ÷ baseline {baseline.tok_s:.1f} tok/s: {baseline.method}"))
 
-    def show_totals(self, t: SessionTotals, baseline: Baseline | None) -> None:
+    def show_totals(self, t: Totals, baseline: Baseline | None) -> None:
         lines = [f"{t.turns} turns · {t.tokens} tokens", f"{t.tok_s:.1f} tok/s average"]
         if baseline is not None and baseline.tok_s > 0:
             lines.append(f"speedup ×{baseline.speedup(t.tok_s):.2f} vs baseline")
@@ -334,7 +327,7 @@ class StatsPanel(VerticalScroll):
         self.query_one("#trend", Static).update(sparkline(t.acceptance, self.BAR + 6))
         self._memory(t.last)
 
-    def _bars(self, t: SessionTotals) -> Content:
+    def _bars(self, t: Totals) -> Content:
         rows = []
         for pos, rate, _ in t.per_position():
             full = round(rate * self.BAR)

@@ -47,7 +47,7 @@ class FakeEngine:
     def chat(self, messages, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
              stop: threading.Event | None = None, target_only: bool = False):
         for i, (text, kind) in enumerate(ANSWER[:max_tokens]):
-            yield TokenEvent(i, text, kind, 0)
+            yield TokenEvent(i, text, kind)
         yield TurnEnd(STATS, "stop", tuple(range(len(ANSWER))))
 
     def configure(self, **_) -> EngineInfo:

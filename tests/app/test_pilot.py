@@ -11,7 +11,7 @@ from mlx_spec import EngineInThread, EngineProcess
 from mlx_spec_app.app import SpecChatApp
 from mlx_spec_app.history import History
 from mlx_spec_app.screens import HistoryScreen, LoadErrorScreen, SettingsScreen
-from mlx_spec_app.settings import Settings
+from mlx_spec_app.settings import EngineChoice, Settings
 from mlx_spec_app.widgets import STOPPED, Answer, PromptInput, StatsPanel, UserMessage
 
 SIZE = (120, 40)
@@ -34,7 +34,7 @@ def baseline(engine):
 
 def make_app(engine, baseline, max_tokens: int = 24) -> SpecChatApp:
     app = SpecChatApp(engine=engine, baseline=baseline, history=History())
-    app.settings = Settings(max_tokens=max_tokens, num_draft=3, drafter="mtp")
+    app.settings = Settings(max_tokens=max_tokens)
     return app
 
 
@@ -154,7 +154,7 @@ async def test_settings_drafter_off_gives_target_tokens(engine, baseline, home):
         assert engine.engine.drafter is None
         answer = await send(pilot, "def h(x):")
         assert set(answer.kinds) == {"target"} and answer.stats.drafted == 0
-        app.apply_settings(Settings(max_tokens=24, num_draft=3, drafter="mtp"))
+        app.apply_settings((Settings(max_tokens=24), EngineChoice("mtp", 3)))
         await idle(pilot)
         assert engine.engine.drafter is original  # the same drafter object back, nothing reloaded
 

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from mlx_spec import Baseline, Kind, SamplingConfig, TokenEvent, TurnEnd, TurnStats
+from mlx_spec import Baseline, Kind, SamplingConfig, TokenEvent, Totals, TurnEnd, TurnStats
+from mlx_spec_app.chat import race_line
 from mlx_spec_app.history import History, data_dir
-from mlx_spec_app.race import race_line
-from mlx_spec_app.session import SessionTotals
 from mlx_spec_app.settings import Settings
 from mlx_spec_app.stream import TokenBuffer, clean
-from mlx_spec_app.widgets import STOPPED, Answer, stats_from_dict, stats_line
+from mlx_spec_app.widgets import STOPPED, Answer, stats_line
 
 from .fakes import STATS
 
@@ -42,7 +41,7 @@ def test_history_round_trip(home):
     user, answer = h.messages(c)
     assert user == dict(role="user", content="hi", kinds=None, stats=None, partial=False)
     assert answer["partial"] and answer["kinds"][0] == ["y", "accepted"]
-    assert stats_from_dict(answer["stats"]) == STATS
+    assert TurnStats.from_dict(answer["stats"]) == STATS
     h.delete_last_answer(c)
     assert [m["role"] for m in h.messages(c)] == ["user"]
     h.set("last_model", {"model": "/m"})
@@ -52,7 +51,7 @@ def test_history_round_trip(home):
 
 
 def test_session_totals_sum_turns_with_different_k():
-    t = SessionTotals()
+    t = Totals()
     t.add(STATS)
     t.add(TurnStats(generated_tokens=10, target_passes=4, drafted=8, accepted=8,
                     per_position_drafted=(4, 4), per_position_accepted=(4, 4), total_s=0.1,
@@ -65,11 +64,10 @@ def test_session_totals_sum_turns_with_different_k():
 
 
 def test_settings_restore_keeps_saved_part_only():
-    s = Settings(SamplingConfig(temperature=0.7, top_k=5), num_draft=3, drafter="mtp",
-                 system_prompt="be brief", max_tokens=99)
-    back = Settings.restore(s.saved(), num_draft="auto")
-    assert back.sampling == s.sampling and back.system_prompt == "be brief"
-    assert back.max_tokens == 99 and back.num_draft == "auto" and back.drafter == "none"
+    s = Settings(SamplingConfig(temperature=0.7, top_k=5), system_prompt="be brief",
+                 max_tokens=99)
+    back = Settings.restore(s.saved())
+    assert back == s  # drafter and draft length are the engine's (EngineInfo), never saved
     assert Settings.restore({"sampling": {"temperature": -1}}) == Settings()  # bad: defaults
 
 
