@@ -6,7 +6,7 @@ Public API (the app and other tools use only this):
     engine = load_engine()                      # bundled demo pair, MTP drafter
     ids = encode_chat(engine.tokenizer, [{"role": "user", "content": "def add("}])
     for event in engine.generate(ids, max_tokens=128, sampling=SamplingConfig(temperature=0)):
-        ...  # TokenEvent(token, text, kind, draft_position) ..., then TurnEnd(stats, ...)
+        ...  # TokenEvent(token, text, kind) ..., then TurnEnd(stats, ...)
 
     service = EngineProcess.start()             # the same engine in a child process, for UIs
     for event in service.chat([{"role": "user", "content": "def add("}], max_tokens=128):
@@ -20,24 +20,27 @@ from typing import TYPE_CHECKING, Any
 # EngineProcess never imports mlx-lm (2+ seconds and ~100 MB here), only the child does.
 _HOME = {
     "encode_chat": "chat", "encode_raw": "chat",
-    "Engine": "engine",
+    "DRAFTERS": "kinds", "Engine": "engine",
     "MlxSpecError": "errors", "ModelLoadError": "errors", "PromptTooLongError": "errors",
     "TokenizerMismatchError": "errors", "UnsupportedModelError": "errors",
+    "user_message": "errors",
     "Event": "events", "Kind": "events", "TokenEvent": "events", "TurnEnd": "events",
     "TurnStats": "events",
     "find_mtp_head": "loading", "load_engine": "loading", "load_target": "loading",
     "make_drafter": "loading",
     "SamplingConfig": "sampling",
-    "EngineInfo": "service", "EngineInThread": "service", "EngineProcess": "service",
+    "EngineInfo": "service", "EngineInThread": "service", "EngineProcess": "process",
     "EngineService": "service",
-    "Baseline": "stats", "measure_baseline": "stats",
+    "Baseline": "stats", "Totals": "stats", "measure_baseline": "stats",
 }
 __all__ = [  # == sorted(_HOME) (a test checks): written out for tools that read it statically
-    "Baseline", "Engine", "EngineInThread", "EngineInfo", "EngineProcess", "EngineService",
+    "Baseline", "DRAFTERS", "Engine", "EngineInThread", "EngineInfo", "EngineProcess",
+    "EngineService",
     "Event", "Kind", "MlxSpecError", "ModelLoadError", "PromptTooLongError", "SamplingConfig",
-    "TokenEvent", "TokenizerMismatchError", "TurnEnd", "TurnStats", "UnsupportedModelError",
+    "TokenEvent", "TokenizerMismatchError", "Totals", "TurnEnd", "TurnStats",
+    "UnsupportedModelError",
     "encode_chat", "encode_raw", "find_mtp_head", "load_engine", "load_target", "make_drafter",
-    "measure_baseline",
+    "measure_baseline", "user_message",
 ]
 
 
@@ -62,9 +65,12 @@ if TYPE_CHECKING:
         PromptTooLongError,
         TokenizerMismatchError,
         UnsupportedModelError,
+        user_message,
     )
     from .events import Event, Kind, TokenEvent, TurnEnd, TurnStats
+    from .kinds import DRAFTERS
     from .loading import find_mtp_head, load_engine, load_target, make_drafter
+    from .process import EngineProcess
     from .sampling import SamplingConfig
-    from .service import EngineInfo, EngineInThread, EngineProcess, EngineService
-    from .stats import Baseline, measure_baseline
+    from .service import EngineInfo, EngineInThread, EngineService
+    from .stats import Baseline, Totals, measure_baseline

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import mlx.core as mx
 
@@ -105,6 +104,3 @@ class AdaptiveDraftLength:
         per_token = draft_seconds / k
         self.draft_cost = 0.8 * self.draft_cost + 0.2 * per_token
 
-    def describe(self) -> dict[str, Any]:
-        return {"verify_costs": list(self.costs), "draft_cost": self.draft_cost,
-                "alphas": self.alphas()}

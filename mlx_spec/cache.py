@@ -201,12 +201,20 @@ def make_cache(model: Any, *, slack: int = 16, kv_bits: int | None = None) -> li
                 raise UnsupportedModelError("sliding-window caches with keep > 0 are not supported")
             out.append(WindowKVCache(window=c.max_size, slack=slack))
         elif type(c) is KVCache and kv_bits:
-            out.append(QuantizedKVCache(group_size=64, bits=kv_bits))
+            out.append(QuantizedKVCache(group_size=_kv_group(model), bits=kv_bits))
         elif type(c) is ArraysCache:
             out.append(RecurrentCache(len(c.cache), rollback=rollback))
         else:
             out.append(c)
     return out
+
+
+def _kv_group(model: Any) -> int:
+    """mlx-lm's KV quantization group (64), or 32 where the head size is not a multiple of 64."""
+    args = getattr(getattr(model, "language_model", model), "args", None)
+    head_dim = getattr(args, "head_dim", None) or (
+        args.hidden_size // args.num_attention_heads if args is not None else 64)
+    return 64 if head_dim % 64 == 0 else 32
 
 
 _TRIMMABLE = (KVCache, QuantizedKVCache, WindowKVCache, RecurrentCache)

@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from .errors import MlxSpecError
+from .kinds import DRAFTERS
 
 EXIT_USAGE = 2
 KIND_COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[4;31m", "bonus": "\x1b[34m"}
@@ -33,8 +34,9 @@ def _positive_int(text: str) -> int:
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", help="target: model directory or hub repo (default: demo)")
-    p.add_argument("--drafter", choices=["auto", "none", "draft", "mtp", "ngram"], default="auto",
-                   help="auto: an MTP head found beside the model, else --draft-model, else none")
+    p.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto",
+                   help="auto: the model's own MTP head or one found beside it, else "
+                        "--draft-model, else none")
     p.add_argument("--draft-model", help="draft model (same tokenizer as the target)")
     p.add_argument("--mtp", help="MTP head directory (default: found beside the model)")
     p.add_argument("--num-draft", "-k", default="auto",
@@ -62,10 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--raw", action="store_true", help="no chat template")
     g.add_argument("--max-tokens", type=_positive_int, default=256)
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument("--kv-bits", type=int, choices=[4, 8], default=None,
+                   help="quantize the target's KV cache (attention layers) to 4 or 8 bits")
 
     c = sub.add_parser("chat", help="open the chat app (the default command)")
     c.add_argument("model", nargs="?")
-    c.add_argument("--drafter", choices=["auto", "none", "draft", "mtp", "ngram"], default="auto")
+    c.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto")
     c.add_argument("--draft-model")
     c.add_argument("--mtp")
     c.add_argument("--num-draft", "-k", default="auto")
@@ -146,7 +150,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not args.prompt:
         raise MlxSpecError("the prompt is empty")
     engine = load_engine(args.model, drafter=args.drafter, draft_model=args.draft_model,
-                         mtp=args.mtp, num_draft=num_draft)
+                         mtp=args.mtp, num_draft=num_draft, kv_bits=args.kv_bits)
     tok = engine.tokenizer
     ids = (encode_raw(tok, args.prompt) if args.raw
            else encode_chat(tok, [{"role": "user", "content": args.prompt}]))

@@ -174,12 +174,12 @@ class Engine:
         *,
         max_tokens: int = 256,
         sampling: SamplingConfig | None = None,
-        num_draft: int | None = None,
         stop: threading.Event | None = None,
+        ignore_eos: bool = False,
     ) -> Iterator[Event]:
         """Continue the conversation with `prompt` (the whole token sequence so far: a prefix
         shared with the previous turn is reused from the cache). Yields TokenEvents, then TurnEnd.
-        """
+        ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests)."""
         if not prompt:
             raise MlxSpecError("the prompt is empty")
         if len(prompt) >= self.target.context_length:
@@ -188,8 +188,9 @@ class Engine:
                 f"{self.target.context_length}"
             )
         sampler = Sampler(sampling or SamplingConfig())
-        k_max = num_draft or self.num_draft
-        policy = self._policy() if num_draft is None else None
+        k_max = self.num_draft
+        policy = self._policy()
+        eos = set() if ignore_eos else self.eos
         decoder = IncrementalDecoder(self.tokenizer)
         mx.reset_peak_memory()
         t0 = time.perf_counter()
@@ -232,21 +233,20 @@ class Engine:
             kinds = [Kind.ACCEPTED] * n + [
                 Kind.TARGET if k == 0 else Kind.BONUS if n == k else Kind.CORRECTED
             ]
-            cut, reason = _stop_point(new, remaining, self.eos)
+            cut, reason = _stop_point(new, remaining, eos)
             new, kinds = new[:cut], kinds[:cut]
             s.count(k, n)
             t = time.perf_counter()
             self.commit(new, len(self.tokens) + min(n, len(new)), hidden)
             s.commit_s += time.perf_counter() - t
 
-            for pos, (tok, kind) in enumerate(zip(new, kinds, strict=True)):
-                if tok in self.eos:
+            for tok, kind in zip(new, kinds, strict=True):
+                if tok in eos:
                     break
                 generated.append(tok)
                 if not ttft:
                     ttft = time.perf_counter() - t0
-                position = pos + 1 if kind is Kind.ACCEPTED else 0
-                yield TokenEvent(tok, decoder.add(tok), kind, position)
+                yield TokenEvent(tok, decoder.add(tok), kind)
             if reason:
                 finish = reason
                 break

@@ -19,3 +19,23 @@ class UnsupportedModelError(MlxSpecError):
 
 class PromptTooLongError(MlxSpecError):
     """The prompt does not fit the model's context."""
+
+
+def first_line(error: BaseException) -> str:
+    """An error's first line (its type's name when it has no message)."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def user_message(error: BaseException, what: str) -> str:
+    """The one line a user reads: an MlxSpecError's own, else `what: Type: first line`."""
+    if isinstance(error, MlxSpecError):
+        return str(error)
+    name = type(error).__name__
+    line = first_line(error)
+    return f"{what}: {name}" + (f": {line}" if line != name else "")
+
+
+def as_user_error(error: BaseException, what: str) -> MlxSpecError:
+    """`error` as an MlxSpecError carrying user_message's line (MlxSpecErrors unchanged)."""
+    return error if isinstance(error, MlxSpecError) else MlxSpecError(user_message(error, what))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 
 
@@ -20,7 +20,6 @@ class TokenEvent:
     token: int
     text: str  # UTF-8 safe fragment: may be "" while a multi-byte character is incomplete
     kind: Kind
-    draft_position: int = 0  # 1..k for accepted tokens, else 0
 
 
 @dataclass(frozen=True)
@@ -77,6 +76,13 @@ class TurnStats:
     @property
     def tok_s(self) -> float:
         return self.generated_tokens / self.generation_s if self.generated_tokens else 0.0
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TurnStats:
+        """Back from to_dict() (saved history does that), ignoring the derived fields."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()
+                      if k in names})
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from .drafters import nextn
-from .errors import ModelLoadError
+from .errors import ModelLoadError, first_line
+from .kinds import DRAFTERS
 from .model import TargetModel
 
 
@@ -28,7 +29,7 @@ def load_target(path_or_repo: str | Path) -> tuple[TargetModel, Any]:
     except ModelLoadError:
         raise
     except Exception as e:  # mlx-lm raises many kinds; the user needs one line
-        raise ModelLoadError(f"cannot load model {path_or_repo}: {_one_line(e)}") from e
+        raise ModelLoadError(f"cannot load model {path_or_repo}: {first_line(e)}") from e
     context = int(
         config.get("max_position_embeddings")
         or config.get("text_config", {}).get("max_position_embeddings")
@@ -60,7 +61,7 @@ def _check_model_dir(path: Path) -> None:
     try:
         json.loads(config.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelLoadError(f"corrupt config.json in {path}: {_one_line(e)}") from e
+        raise ModelLoadError(f"corrupt config.json in {path}: {first_line(e)}") from e
     if not any(path.glob("*.safetensors")):
         raise ModelLoadError(f"no weights (*.safetensors) in {path}")
 
@@ -76,17 +77,12 @@ def _local_dir(name: str | Path) -> Path:
 
         return Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors"]))
     except Exception as e:
-        raise ModelLoadError(f"cannot fetch {name}: {_one_line(e)}") from e
+        raise ModelLoadError(f"cannot fetch {name}: {first_line(e)}") from e
 
 
 def _display_name(path_or_repo: str | Path) -> str:
     p = Path(path_or_repo)
     return p.name if p.exists() else str(path_or_repo)
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 def find_mtp_head(model_path: str | Path | None, target: TargetModel | None = None
@@ -140,28 +136,40 @@ def load_engine(
 
 
 def make_drafter(kind: str, target: TargetModel, *, model_path=None, draft_model=None, mtp=None):
-    from .drafters import DraftModelDrafter, NgramDrafter
+    """A drafter of `kind` (kinds.DRAFTERS) for `target`; None for "none"."""
+    build = {"none": lambda: None, "ngram": _ngram, "mtp": lambda: _mtp(target, model_path, mtp),
+             "draft": lambda: _draft_model(target, draft_model)}
+    assert build.keys() == DRAFTERS.keys()
+    if kind not in build:
+        raise ModelLoadError(f"unknown drafter {kind!r} (one of {', '.join(DRAFTERS)})")
+    return build[kind]()
 
-    if kind == "none":
-        return None
-    if kind == "ngram":
-        return NgramDrafter()
-    if kind == "draft":
-        if draft_model is None:
-            raise ModelLoadError("--drafter draft needs --draft-model")
-        draft, _ = load_target(draft_model)
-        return DraftModelDrafter(draft, target)
-    if kind == "mtp":
-        from .drafters.mtp import load_mtp_drafter
 
-        path = _local_dir(mtp) if mtp else find_mtp_head(model_path, target)
-        if path is None:
-            if nextn.declared_layers(target, target.config):
-                raise ModelLoadError(
-                    f"{target.name}'s config declares an MTP layer but its weights are not in "
-                    "the checkpoint (MLX conversions drop them); pass --mtp DIR with a sidecar "
-                    "head (e.g. mlx-community/Qwen3.6-27B-MTP-4bit) or the original checkpoint"
-                )
-            raise ModelLoadError(f"no MTP head found beside {model_path}; pass --mtp DIR")
-        return load_mtp_drafter(path, target)
-    raise ModelLoadError(f"unknown drafter {kind!r}")
+def _ngram():
+    from .drafters import NgramDrafter
+
+    return NgramDrafter()
+
+
+def _draft_model(target: TargetModel, draft_model):
+    from .drafters import DraftModelDrafter
+
+    if draft_model is None:
+        raise ModelLoadError("--drafter draft needs --draft-model")
+    draft, _ = load_target(draft_model)
+    return DraftModelDrafter(draft, target)
+
+
+def _mtp(target: TargetModel, model_path, mtp):
+    from .drafters.mtp import load_mtp_drafter
+
+    path = _local_dir(mtp) if mtp else find_mtp_head(model_path, target)
+    if path is None:
+        if nextn.declared_layers(target, target.config):
+            raise ModelLoadError(
+                f"{target.name}'s config declares an MTP layer but its weights are not in "
+                "the checkpoint (MLX conversions drop them); pass --mtp DIR with a sidecar "
+                "head (e.g. mlx-community/Qwen3.6-27B-MTP-4bit) or the original checkpoint"
+            )
+        raise ModelLoadError(f"no MTP head found beside {model_path}; pass --mtp DIR")
+    return load_mtp_drafter(path, target)

@@ -179,6 +179,13 @@ class Sampler:
         q = probabilities(logits, self.cfg)[0]
         return categorical(q, self.next_key()), q
 
+    def sample_rows(self, logits: mx.array) -> mx.array:
+        """One token per row of logits [B, V] of independent sequences (batched generation:
+        no history, so no repetition penalty)."""
+        if self.cfg.greedy:
+            return mx.argmax(logits, axis=-1)
+        return categorical(probabilities(logits, self.cfg), self.next_key())
+
     def verify(
         self, target_logits: mx.array, history: list[int], drafts: list[int], q: mx.array | None
     ) -> Verdict:

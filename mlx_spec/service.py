@@ -1,4 +1,4 @@
-"""The engine behind a small chat API, in this process or in a child process.
+"""The engine behind a small chat API, in this process (here) or in a child process (process.py).
 
     service = EngineProcess.start(model=None)          # the bundled demo pair, in a child process
     for event in service.chat([{"role": "user", "content": "def add("}], max_tokens=64):
@@ -20,19 +20,13 @@ own GIL, and a crash in it (out of memory, a bad kernel) leaves the UI standing 
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .errors import MlxSpecError
 from .events import Event
+from .kinds import kind_of
 from .sampling import SamplingConfig
 from .stats import Baseline
 
@@ -47,7 +41,7 @@ class EngineInfo:
     """What a UI shows about an engine and offers to change."""
 
     target: str  # the target model's name
-    drafter: str  # "none", "mtp", "draft" or "ngram"
+    drafter: str  # a kind of kinds.DRAFTERS
     num_draft: int | str  # draft length k, or "auto"
     drafters: tuple[str, ...]  # the drafter kinds `configure` can switch to
 
@@ -71,8 +65,8 @@ class EngineService(Protocol):
 
 
 def drafter_kind(engine: Engine) -> str:
-    """The kind of the engine's current drafter ("mtp-deepseek" is an "mtp")."""
-    return engine.drafter.name.split("-")[0] if engine.drafter is not None else "none"
+    """The kind (kinds.DRAFTERS) of the engine's current drafter."""
+    return kind_of(engine.drafter.name) if engine.drafter is not None else "none"
 
 
 class EngineInThread:
@@ -90,7 +84,7 @@ class EngineInThread:
         # what configure() can switch to: off, what was loaded, n-gram (needs no files), and
         # the kinds whose files are known (looked up once: `info` is read on the UI thread)
         kinds = ["none", drafter_kind(engine), "ngram"]
-        if mtp or find_mtp_head(model):
+        if mtp or find_mtp_head(model, engine.target):
             kinds.append("mtp")
         if draft_model:
             kinds.append("draft")
@@ -175,199 +169,3 @@ class _own_stream:
         if self._worker:
             mx.clear_streams()
 
-
-# -- the child process -------------------------------------------------------------------------
-
-_POLL_S = 0.05  # how often a waiting parent looks at its stop flag and at the child
-
-
-class EngineProcess:
-    """The engine in a child process (`python -m mlx_spec._child`, a fresh interpreter: nothing
-    of the parent's __main__ is re-imported), driven by pickled messages over two pipes. Same
-    API as EngineInThread. Stopping a turn is a SIGUSR1, which the child turns into the
-    engine's stop flag; a dead child becomes a one-line MlxSpecError."""
-
-    def __init__(self, process: subprocess.Popen, send: Connection, recv: Connection,
-                 log: IO[bytes]) -> None:
-        self._process, self._send_conn, self._recv_conn, self._log = process, send, recv, log
-        self._lock = threading.Lock()
-        self._info = EngineInfo("", "none", 0, ())
-
-    @classmethod
-    def start(cls, *, model: str | None = None, drafter: str = "auto",
-              draft_model: str | None = None, mtp: str | None = None,
-              num_draft: int | str = "auto") -> EngineProcess:
-        """Start the child and load there; returns when loaded. Raises MlxSpecError."""
-        to_child, from_parent = os.pipe()[::-1]  # (write end, read end)
-        from_child, to_parent = os.pipe()
-        log = tempfile.TemporaryFile()  # the child's stderr: its last line explains a crash
-        process = subprocess.Popen(
-            [sys.executable, "-m", "mlx_spec._child", str(from_parent), str(to_parent)],
-            pass_fds=(from_parent, to_parent), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=log)
-        os.close(from_parent)
-        os.close(to_parent)
-        service = cls(process, Connection(to_child, readable=False),
-                      Connection(from_child, writable=False), log)
-        try:
-            service._info = service._call("load", model=model, drafter=drafter,
-                                          draft_model=draft_model, mtp=mtp, num_draft=num_draft)
-        except MlxSpecError:
-            service.close()
-            raise
-        return service
-
-    @property
-    def info(self) -> EngineInfo:
-        return self._info
-
-    def measure_baseline(self, *, tokens: int = 64, repeats: int = 3) -> Baseline:
-        return self._call("baseline", tokens=tokens, repeats=repeats)
-
-    def configure(self, *, num_draft: int | str | None = None,
-                  drafter: str | None = None) -> EngineInfo:
-        self._info = self._call("configure", num_draft=num_draft, drafter=drafter)
-        return self._info
-
-    def chat(self, messages: Messages, *, max_tokens: int = 256,
-             sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-             target_only: bool = False) -> Iterator[Event]:
-        with self._lock:
-            self._send("chat", messages=messages, max_tokens=max_tokens, sampling=sampling,
-                       target_only=target_only)
-            signalled, finished = False, False
-            try:
-                while True:
-                    if stop is not None and stop.is_set() and not signalled:
-                        self._process.send_signal(signal.SIGUSR1)  # checked between rounds
-                        signalled = True
-                    if not self._wait():
-                        continue
-                    kind, payload = self._recv()
-                    if kind == "event":
-                        yield payload
-                    else:
-                        finished = True
-                        if kind == "done":
-                            return
-                        raise payload
-            finally:
-                if not finished and self._process.poll() is None:
-                    self._abandon()
-
-    def _abandon(self) -> None:
-        """The caller stopped reading mid-turn: stop the turn and drop the rest of its events,
-        so the next request reads its own answer."""
-        self._process.send_signal(signal.SIGUSR1)
-        try:
-            while True:
-                while not self._wait():
-                    pass
-                if self._recv()[0] != "event":
-                    return
-        except MlxSpecError:
-            return
-
-    def close(self) -> None:
-        """Ask the child to exit; end it if it has not within a few seconds."""
-        if self._process.poll() is None:
-            try:
-                self._process.send_signal(signal.SIGUSR1)  # a turn in progress ends first
-                self._send_conn.send(("close", {}))
-                self._process.wait(5)
-            except (OSError, subprocess.TimeoutExpired):
-                self._process.kill()
-                self._process.wait()
-        for c in (self._send_conn, self._recv_conn):
-            c.close()
-        self._log.close()
-
-    # the pipes
-
-    def _call(self, op: str, **kwargs: Any) -> Any:
-        with self._lock:
-            self._send(op, **kwargs)
-            while not self._wait():
-                pass
-            kind, payload = self._recv()
-            if kind != "ok":
-                raise payload
-            return payload
-
-    def _send(self, op: str, **kwargs: Any) -> None:
-        try:
-            self._send_conn.send((op, kwargs))
-        except OSError:
-            raise self._died() from None
-
-    def _wait(self) -> bool:
-        """True when a message is ready; raises if the child died without one."""
-        if self._recv_conn.poll(_POLL_S):
-            return True
-        if self._process.poll() is not None and not self._recv_conn.poll():
-            raise self._died()
-        return False
-
-    def _recv(self) -> tuple[str, Any]:
-        try:
-            return self._recv_conn.recv()
-        except (EOFError, OSError):
-            raise self._died() from None
-
-    def _died(self) -> MlxSpecError:
-        try:
-            code = self._process.wait(2)
-        except subprocess.TimeoutExpired:
-            code = None
-        if code is not None and code < 0:  # a signal: the OOM killer, a crash in a kernel
-            why = f"killed by {signal.Signals(-code).name}"
-        else:  # a Python error's traceback ends with its one-line message
-            self._log.seek(0)
-            lines = [ln for ln in self._log.read().decode(errors="replace").splitlines() if ln]
-            why = f"exit code {code}" + (f": {lines[-1].strip()}" if lines else "")
-        return MlxSpecError(f"the engine process ended unexpectedly ({why})")
-
-
-def serve(recv: Connection, send: Connection) -> None:
-    """The child's main loop: load, then answer requests until "close" or the pipe closes."""
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ctrl+c is the UI's: it stops turns
-    signal.signal(signal.SIGUSR1, lambda *_: stop.set())
-    service: EngineInThread | None = None
-    while True:
-        try:
-            op, kwargs = recv.recv()
-        except (EOFError, OSError):
-            return
-        if op == "close":
-            return
-        try:
-            if op == "load":
-                service = EngineInThread.load(**kwargs)
-                send.send(("ok", service.info))
-            elif service is None:
-                raise MlxSpecError("no model loaded")
-            elif op == "chat":
-                stop.clear()
-                for event in service.chat(**kwargs, stop=stop):
-                    send.send(("event", event))
-                send.send(("done", None))
-            else:
-                handler = {"baseline": service.measure_baseline,
-                           "configure": service.configure}[op]
-                send.send(("ok", handler(**kwargs)))
-        except Exception as e:  # noqa: BLE001 - the parent shows one line
-            what = "cannot load" if op == "load" else "engine error"
-            try:
-                send.send(("error", _user_error(e, what)))
-            except OSError:
-                return
-
-
-def _user_error(error: BaseException, what: str) -> MlxSpecError:
-    """What the parent re-raises: an MlxSpecError as it is (its type survives the pipe: a
-    PromptTooLongError stays one), anything else as one line naming its type."""
-    if isinstance(error, MlxSpecError):
-        return error
-    lines = str(error).strip().splitlines()
-    return MlxSpecError(f"{what}: {type(error).__name__}" + (f": {lines[0]}" if lines else ""))

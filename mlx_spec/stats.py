@@ -1,15 +1,84 @@
-"""The measured baseline that speedups are quoted against."""
+"""Sums over turns (Totals), and the measured baseline that speedups are quoted against."""
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .events import TurnEnd
+from .events import TurnEnd, TurnStats
 
 if TYPE_CHECKING:
     from .engine import Engine
+
+
+@dataclass
+class Totals:
+    """Turns summed: the app's session panel, the benchmark's rows and the drafter evaluation
+    all read these (k may differ between turns: per-position tallies grow as needed)."""
+
+    turns: int = 0
+    tokens: int = 0
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    seconds: float = 0.0  # generation time (prefill excluded, as in TurnStats.tok_s)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    commit_s: float = 0.0
+    pos_drafted: list[int] = field(default_factory=list)
+    pos_accepted: list[int] = field(default_factory=list)
+    acceptance: list[float] = field(default_factory=list)  # per turn that drafted, in %
+    last: TurnStats | None = None
+
+    @classmethod
+    def from_turns(cls, turns: Iterable[TurnStats]) -> Totals:
+        t = cls()
+        for s in turns:
+            t.add(s)
+        return t
+
+    def add(self, s: TurnStats) -> None:
+        self.turns += 1
+        self.tokens += s.generated_tokens
+        self.passes += s.target_passes
+        self.drafted += s.drafted
+        self.accepted += s.accepted
+        self.seconds += s.generation_s if s.generated_tokens else 0.0
+        self.draft_s += s.draft_s
+        self.verify_s += s.verify_s
+        self.commit_s += s.commit_s
+        _add_into(self.pos_drafted, s.per_position_drafted)
+        _add_into(self.pos_accepted, s.per_position_accepted)
+        if s.drafted:
+            self.acceptance.append(100 * s.acceptance_rate)
+        self.last = s
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.tokens / self.passes if self.passes else 0.0
+
+    def per_position(self) -> list[tuple[int, float, int]]:
+        """(position, acceptance, times drafted) for each draft position used so far."""
+        return [(i + 1, a / d, d)
+                for i, (a, d) in enumerate(zip(self.pos_accepted, self.pos_drafted, strict=True))
+                if d]
+
+
+def _add_into(acc: list[int], values: tuple[int, ...]) -> None:
+    """Element-wise acc += values, growing acc as needed."""
+    acc.extend([0] * (len(values) - len(acc)))
+    for i, v in enumerate(values):
+        acc[i] += v
 
 
 @dataclass(frozen=True)
@@ -35,12 +104,12 @@ def measure_baseline(engine: Engine, *, tokens: int = 64, prompt: list[int] | No
     from .engine import Engine
 
     scratch = Engine(engine.target, engine.tokenizer, None)
-    scratch.eos = set()
     ids = prompt or list(range(3, 35))
 
     def timed(n: int) -> float:
         scratch.reset()
-        end = [e for e in scratch.generate(ids, max_tokens=n) if isinstance(e, TurnEnd)][0]
+        end = [e for e in scratch.generate(ids, max_tokens=n, ignore_eos=True)
+               if isinstance(e, TurnEnd)][0]
         return end.stats.tok_s
 
     timed(8)  # warm-up: kernels and allocations

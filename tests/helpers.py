@@ -1,12 +1,83 @@
-"""Shared checks: cache == recompute, and near-tie analysis of greedy divergences."""
+"""Shared scaffolding: a fixed-length run, the per-round state check (every cache and drafter
+state == a recompute), and the near-tie analysis of greedy divergences."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models.base import create_causal_mask
 
 from mlx_spec import cache as kv
 from mlx_spec.cache import RecurrentCache, WindowKVCache
+from mlx_spec.drafters import DraftModelDrafter
+from mlx_spec.drafters.mtp import MTPDrafter
+from mlx_spec.engine import Engine
+from mlx_spec.events import TurnEnd
+
+PROMPT = [(i * 29) % 300 + 5 for i in range(20)]
+MAX = 40
+
+
+def run(engine, prompt=PROMPT, max_tokens=MAX, **kw):
+    """A fixed-length turn (random models: end tokens ignored): (TurnEnd, its token events)."""
+    events = list(engine.generate(prompt, max_tokens=max_tokens, ignore_eos=True, **kw))
+    end = events[-1]
+    assert isinstance(end, TurnEnd)
+    return end, events[:-1]
+
+
+def checked(engine):
+    """Wrap Engine.commit: after every round the target's caches (KV, window, conv, recurrent)
+    and the drafter's own state equal a from-scratch recompute of the committed sequence.
+    Returns the list of tokens committed per round."""
+    original = engine.commit
+    rounds = []
+
+    def commit(new, valid, hidden):
+        original(new, valid, hidden)
+        committed = engine.tokens[:-1]
+        assert engine.cached == len(committed)
+        assert_cache_equals_recompute(engine.target, engine.cache, committed)
+        d = engine.drafter
+        if isinstance(d, MTPDrafter):  # its copy of the target's hidden states, its own cache
+            fresh = kv.make_cache(engine.target.model)
+            _, h = engine.target.forward(committed, fresh, hidden=True)
+            assert d.hist.n == len(committed)
+            np.testing.assert_allclose(np.array(d.hist.rows(0, d.hist.n)), np.array(h),
+                                       atol=2e-4)
+            if d.cache:
+                assert_head_cache_equals_recompute(d, engine.tokens)
+        elif isinstance(d, DraftModelDrafter):
+            assert_cache_equals_recompute(d.model, d.cache, engine.tokens[: d.cached])
+        rounds.append(len(new))
+
+    engine.commit = commit
+    return rounds
+
+
+def assert_head_cache_equals_recompute(d, tokens, atol=2e-4):
+    """An own-cache MTP head's cache == a recompute from the target's hidden states: entry e
+    pairs token e + first with h_{e + first - 1}."""
+    n, f = d.cached, d.first
+    assert f + n <= len(tokens)
+    if n == 0:
+        return
+    ref = [kv.KVCache()]
+    d.head(d._embed(tokens[f : f + n], 0), d.hist.rows(f - 1, f + n - 1)[None], ref[0],
+           create_causal_mask(n, 0) if n > 1 else None)
+    for got, want in zip(d.cache[0].keys_and_values(), ref[0].keys_and_values(), strict=True):
+        np.testing.assert_allclose(np.array(got.astype(mx.float32)),
+                                   np.array(want.astype(mx.float32)), atol=atol, rtol=1e-3)
+
+
+def assert_turn_matches_fresh(engine, prompt, max_tokens):
+    """A later turn of `engine`'s conversation equals target-only decoding of the same prompt
+    from scratch (prefix reuse and rollback leave nothing behind). Returns that turn's end."""
+    got, _ = run(engine, prompt=prompt, max_tokens=max_tokens)
+    fresh, _ = run(Engine(engine.target, engine.tokenizer, None), prompt=prompt,
+                   max_tokens=max_tokens)
+    assert_same_or_near_tie(engine.target, prompt, list(got.tokens), list(fresh.tokens))
+    return got
 
 # Batched verification runs other kernels than one-token decoding. Two greedy runs may only part
 # at a near-tie: the top-2 logit gap at the divergence is below this (relative to the logit scale).

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from helpers import assert_same_or_near_tie
-from test_engine_greedy import PROMPT, run
+from helpers import PROMPT, assert_same_or_near_tie, run
 
 from mlx_spec.adaptive import AdaptiveDraftLength, measure_verify_costs
 from mlx_spec.drafters import DraftModelDrafter

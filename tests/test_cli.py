@@ -35,6 +35,17 @@ def test_json_output_matches_target_only(model_dirs, capsys):
     assert base["text"] == spec["text"]
 
 
+def test_kv_bits_option(model_dirs, capsys):
+    target = model_dirs("llama")
+    assert gen("--model", target, "--drafter", "none", "--prompt", "def f", "--raw",
+               "--max-tokens", 8, "--json", "--kv-bits", 8) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["tokens"]) == 8 and out["stats"]["kv_cache_bytes"] > 0
+    with pytest.raises(SystemExit):
+        gen("--model", target, "--prompt", "x", "--kv-bits", 3)
+    assert "invalid choice" in capsys.readouterr().err
+
+
 def test_chat_template_is_applied_unless_raw(model_dirs, capsys):
     target = model_dirs("qwen3")
     gen("--model", target, "--prompt", "hi", "--max-tokens", 2, "--json")

@@ -4,24 +4,22 @@ recompute of the committed sequence — across architectures, precisions, drafte
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import pytest
-from helpers import assert_cache_equals_recompute, assert_same_or_near_tie
+from helpers import (
+    MAX,
+    PROMPT,
+    assert_same_or_near_tie,
+    assert_turn_matches_fresh,
+    checked,
+    run,
+    stored_kv,
+)
 from mlx_lm.generate import generate_step
 
 from mlx_spec.drafters import DraftModelDrafter, NgramDrafter
 from mlx_spec.engine import Engine
-from mlx_spec.events import Kind, TurnEnd
-
-PROMPT = [(i * 29) % 300 + 5 for i in range(20)]
-MAX = 40
-
-
-def run(engine, prompt=PROMPT, max_tokens=MAX, **kw):
-    engine.eos = set()  # random models: compare fixed-length outputs
-    events = list(engine.generate(prompt, max_tokens=max_tokens, **kw))
-    end = events[-1]
-    assert isinstance(end, TurnEnd)
-    return end, events[:-1]
+from mlx_spec.events import Kind
 
 
 def mlx_lm_greedy(target, prompt, n):
@@ -29,20 +27,6 @@ def mlx_lm_greedy(target, prompt, n):
     for tok, _ in generate_step(mx.array(prompt), target.model, max_tokens=n):
         out.append(int(tok))
     return out
-
-
-def checked(engine):
-    """Wrap Engine.commit: after every round, target cache == recompute of tokens[:-1]."""
-    original = engine.commit
-    rounds = []
-
-    def commit(new, valid, hidden):
-        original(new, valid, hidden)
-        assert_cache_equals_recompute(engine.target, engine.cache, engine.tokens[:-1])
-        rounds.append(len(new))
-
-    engine.commit = commit
-    return rounds
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +95,8 @@ def test_multi_turn_reuses_cache_and_matches_fresh_run(load):
     checked(engine)
     first, _ = run(engine, max_tokens=10)
     turn2 = PROMPT + list(first.tokens) + [7, 8, 9]
-    second, _ = run(engine, prompt=turn2, max_tokens=15)
+    second = assert_turn_matches_fresh(engine, turn2, 15)
     assert second.stats.reused_tokens == len(PROMPT) + len(first.tokens) - 1
-    fresh, _ = run(Engine(target, tok, None), prompt=turn2, max_tokens=15)
-    assert_same_or_near_tie(target, turn2, list(second.tokens), list(fresh.tokens))
     # a prompt that rewrites history rolls back to the common prefix
     turn3 = PROMPT[:10] + [1, 2, 3]
     third, _ = run(engine, prompt=turn3, max_tokens=5)
@@ -129,3 +111,31 @@ def test_near_tie_allowance_has_teeth(load, baselines):
     wrong[5] = (wrong[5] + 1) % 300
     with pytest.raises(AssertionError, match="not a near-tie"):
         assert_same_or_near_tie(target, PROMPT, wrong, want)
+
+
+def test_quantized_kv_cache_option(load):
+    """kv_bits: the target's attention caches are QuantizedKVCache, they roll back like the
+    others (== a recompute into a quantized cache), and speculation stays lossless against
+    target-only decoding with the same quantized cache."""
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    from mlx_spec import cache as kv
+
+    target, tok = load("qwen3")
+    draft, _ = load("qwen3", seed=1)
+    plain, _ = run(Engine(target, tok, None, kv_bits=8))
+    engine = Engine(target, tok, DraftModelDrafter(draft, target), num_draft=4, kv_bits=8)
+    assert all(isinstance(c, QuantizedKVCache) for c in engine.cache)
+
+    def commit(new, valid, hidden, original=engine.commit):
+        original(new, valid, hidden)
+        fresh = kv.make_cache(target.model, kv_bits=8)
+        target.forward(engine.tokens[:-1], fresh)
+        for got, want in zip(engine.cache, fresh, strict=True):
+            assert got.offset == want.offset == len(engine.tokens) - 1
+            for a, b in zip(stored_kv(got), stored_kv(want), strict=True):
+                np.testing.assert_allclose(a, b, atol=0.05)  # up to a quantization step
+
+    engine.commit = commit
+    end, _ = run(engine)
+    assert_same_or_near_tie(target, PROMPT, list(end.tokens), list(plain.tokens), bits=8)

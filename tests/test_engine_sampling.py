@@ -36,10 +36,9 @@ def target_joint(target, cfg, prompt=PROMPT):
 
 def sample_pairs(engine, cfg_kw, accepted=None, prompt=PROMPT):
     """RUNS two-token answers; `accepted` (a list) collects (drafted, accepted) per run."""
-    engine.eos = set()
     pairs = []
     for seed in range(RUNS):
-        events = list(engine.generate(prompt, max_tokens=2,
+        events = list(engine.generate(prompt, max_tokens=2, ignore_eos=True,
                                       sampling=SamplingConfig(seed=seed, **cfg_kw)))
         end = events[-1]
         pairs.append(tuple(end.tokens) if isinstance(end, TurnEnd) else None)

@@ -12,18 +12,22 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import assert_cache_equals_recompute, assert_same_or_near_tie
+from helpers import (
+    PROMPT,
+    assert_cache_equals_recompute,
+    assert_same_or_near_tie,
+    assert_turn_matches_fresh,
+    checked,
+    run,
+)
 from mlx_lm.generate import generate_step
 from published import CONFIGS, build_pair, write_checkpoint, write_sidecar
-from test_engine_greedy import PROMPT, run
 from test_engine_sampling import CFG, assert_both_paths_taken, chi2_pvalue, sample_pairs
 from test_engine_sampling import target_joint as exact_joint
-from test_mtp import assert_head_cache_equals_recompute
 
 from mlx_spec import cache as kv
 from mlx_spec.cache import RecurrentCache
 from mlx_spec.drafters import DraftModelDrafter, nextn
-from mlx_spec.drafters.mtp import MTPDrafter
 from mlx_spec.engine import Engine
 from mlx_spec.errors import ModelLoadError, UnsupportedModelError
 from mlx_spec.loading import find_mtp_head, load_engine, load_target, make_drafter
@@ -63,26 +67,6 @@ def loaded(checkpoints):
         return memo[arch, kind]
 
     return get
-
-
-def checked(engine):
-    """After every round: target caches (KV, conv, recurrent) and the drafter's own state equal
-    a from-scratch recompute of the committed sequence."""
-    original = engine.commit
-
-    def commit(new, valid, hidden):
-        original(new, valid, hidden)
-        committed = engine.tokens[:-1]
-        assert engine.cached == len(committed)
-        assert_cache_equals_recompute(engine.target, engine.cache, committed)
-        d = engine.drafter
-        if isinstance(d, MTPDrafter):
-            assert d.hist.n == len(committed)
-            assert_head_cache_equals_recompute(d, engine.tokens)
-        elif isinstance(d, DraftModelDrafter):
-            assert_cache_equals_recompute(d.model, d.cache, engine.tokens[: d.cached])
-
-    engine.commit = commit
 
 
 @pytest.mark.parametrize("arch", HYBRID)
@@ -136,16 +120,11 @@ def test_multi_turn_prefix_reuse_and_history_rewrite(loaded, checkpoints):
     checked(engine)
     first, _ = run(engine, max_tokens=12)
     turn2 = PROMPT + list(first.tokens) + [7, 8, 9]
-    second, _ = run(engine, prompt=turn2, max_tokens=12)
+    second = assert_turn_matches_fresh(engine, turn2, 12)
     assert second.stats.reused_tokens == len(PROMPT) + len(first.tokens) - 1
-    fresh, _ = run(Engine(target, tok, None), prompt=turn2, max_tokens=12)
-    assert_same_or_near_tie(target, turn2, list(second.tokens), list(fresh.tokens))
     # a rewritten history: recurrent state cannot go back past a commit, so it is recomputed
-    turn3 = PROMPT[:10] + [11, 12] + PROMPT[10:]
-    third, _ = run(engine, prompt=turn3, max_tokens=12)
+    third = assert_turn_matches_fresh(engine, PROMPT[:10] + [11, 12] + PROMPT[10:], 12)
     assert third.stats.reused_tokens == 0
-    fresh, _ = run(Engine(target, tok, None), prompt=turn3, max_tokens=12)
-    assert_same_or_near_tie(target, turn3, list(third.tokens), list(fresh.tokens))
 
 
 def test_hybrid_mtp_samples_the_target_distribution(loaded, checkpoints):

@@ -4,11 +4,8 @@ target's and the drafter's own state) equal a recompute, and T>0 samples the tar
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 import pytest
-from helpers import assert_cache_equals_recompute, assert_same_or_near_tie
-from mlx_lm.models.base import create_causal_mask
-from test_engine_greedy import PROMPT, run
+from helpers import PROMPT, assert_same_or_near_tie, assert_turn_matches_fresh, checked, run
 from test_engine_sampling import (
     CFG,
     assert_both_paths_taken,
@@ -32,43 +29,6 @@ def make_drafter(target, kind, seed=0):
     return MTPDrafter(head, cfg, target)
 
 
-def checked(engine):
-    original = engine.commit
-
-    def commit(new, valid, hidden):
-        original(new, valid, hidden)
-        committed = engine.tokens[:-1]
-        assert_cache_equals_recompute(engine.target, engine.cache, committed)
-        d = engine.drafter
-        # the drafter's copy of the target's hidden states == a from-scratch forward
-        fresh = kv.make_cache(engine.target.model)
-        _, h = engine.target.forward(committed, fresh, hidden=True)
-        assert d.hist.n == len(committed)
-        np.testing.assert_allclose(np.array(d.hist.rows(0, d.hist.n)), np.array(h), atol=2e-4)
-        if d.cache:
-            assert_head_cache_equals_recompute(d, engine.tokens)
-
-    engine.commit = commit
-
-
-def assert_head_cache_equals_recompute(d, tokens, atol=2e-4):
-    """An own-cache head's cache == a recompute from the target's hidden states: entry e pairs
-    token e + first with h_{e + first - 1}."""
-    n, f = d.cached, d.first
-    assert f + n <= len(tokens)
-    if n == 0:
-        return
-    ref = [kv.KVCache()]
-    d.head(d._embed(tokens[f : f + n], 0), d.hist.rows(f - 1, f + n - 1)[None], ref[0],
-           create_causal_mask(n, 0) if n > 1 else None)
-    got_k, got_v = d.cache[0].keys_and_values()
-    want_k, want_v = ref[0].keys_and_values()
-    np.testing.assert_allclose(np.array(got_k.astype(mx.float32)),
-                               np.array(want_k.astype(mx.float32)), atol=atol, rtol=1e-3)
-    np.testing.assert_allclose(np.array(got_v.astype(mx.float32)),
-                               np.array(want_v.astype(mx.float32)), atol=atol, rtol=1e-3)
-
-
 @pytest.mark.parametrize("kind", ["shared-kv", "deepseek"])
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3_text"])
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
@@ -82,9 +42,7 @@ def test_mtp_greedy_identity_and_state(load, kind, arch, k):
     assert end.stats.drafted > 0 and end.stats.drafter_bytes > 0
     # multi-turn: the second turn reuses the prefix, the drafter follows the rollback
     turn2 = PROMPT + list(end.tokens)[:5] + [9, 10]
-    again, _ = run(engine, prompt=turn2, max_tokens=10)
-    fresh, _ = run(Engine(target, tok, None), prompt=turn2, max_tokens=10)
-    assert_same_or_near_tie(target, turn2, list(again.tokens), list(fresh.tokens))
+    assert_turn_matches_fresh(engine, turn2, 10)
 
 
 def test_trained_mtp_sampling_matches_target_distribution():

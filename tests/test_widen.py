@@ -7,8 +7,8 @@ import numpy as np
 from conftest import ARCHS
 from test_mtp import make_drafter
 
+from mlx_spec.bench.widen import parameter_count, widen_mtp, widen_target
 from mlx_spec.engine import Engine
-from mlx_spec.widen import parameter_count, widen_mtp, widen_target
 
 
 def test_wide_target_and_mtp_head_compute_the_same_function(load):
@@ -27,8 +27,7 @@ def test_wide_target_and_mtp_head_compute_the_same_function(load):
     outs = []
     for target, d in ((small, drafter), (wide, wide_drafter)):
         engine = Engine(target, tok, d, num_draft=3)
-        engine.eos = set()
-        end = list(engine.generate(prompt, max_tokens=24))[-1]
+        end = list(engine.generate(prompt, max_tokens=24, ignore_eos=True))[-1]
         outs.append((end.tokens, end.stats.accepted, end.stats.drafted))
     assert outs[0] == outs[1]  # same tokens, and the head proposes exactly the same drafts
 
@@ -36,9 +35,9 @@ def test_wide_target_and_mtp_head_compute_the_same_function(load):
 def test_wide_hybrid_target_and_published_head_compute_the_same_function():
     """The bench's hybrid target: GDN heads added, hidden/FFN/layers widened, same function;
     its published-layout MTP head proposes exactly the same drafts on both."""
-    from mlx_spec.bench_hybrid import SMALL, agreeing_pair, nextn_drafter
+    from mlx_spec.bench.hybrid import SMALL, agreeing_pair, nextn_drafter
+    from mlx_spec.bench.widen import widen_hybrid, widen_nextn
     from mlx_spec.model import TargetModel
-    from mlx_spec.widen import widen_hybrid, widen_nextn
 
     model, head = agreeing_pair(SMALL, noise=0.06)
     small = TargetModel(model, 4096)
@@ -51,8 +50,6 @@ def test_wide_hybrid_target_and_published_head_compute_the_same_function():
     assert (a.argmax(-1) == b.argmax(-1)).all()
 
     class Tok:
-        eos_token_ids: list = []
-
         def decode(self, ids, **kw):
             return ""
 
@@ -61,8 +58,7 @@ def test_wide_hybrid_target_and_published_head_compute_the_same_function():
     for target, d in ((small, nextn_drafter(head, small)),
                       (wide, widen_nextn(nextn_drafter(head, small), small, wide))):
         engine = Engine(target, Tok(), d, num_draft=3)
-        engine.eos = set()
-        end = list(engine.generate(prompt, max_tokens=24))[-1]
+        end = list(engine.generate(prompt, max_tokens=24, ignore_eos=True))[-1]
         outs.append((end.tokens, end.stats.accepted, end.stats.drafted))
     assert outs[0] == outs[1]
     assert 0 < outs[0][1] < outs[0][2]

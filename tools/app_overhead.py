@@ -1,4 +1,4 @@
-"""How much the app slows the engine down: `uv run python -m mlx_spec_app.overhead`.
+"""How much the app slows the engine down: `uv run python -m tools.app_overhead`.
 
 Greedy decoding of the same prompt and length on one engine, alone (its events read by a plain
 thread) vs driven by the app running headless (`App.run_test()`: layout, rendering and the paced
@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlx_spec import Baseline, EngineInThread, EngineProcess, EngineService, TurnEnd
-
-from .app import SpecChatApp
-from .history import History
-from .settings import Settings
-from .stream import FramePacer
-from .widgets import PromptInput
+from mlx_spec_app.app import SpecChatApp
+from mlx_spec_app.history import History
+from mlx_spec_app.settings import Settings
+from mlx_spec_app.stream import FramePacer
+from mlx_spec_app.widgets import PromptInput
 
 PROMPT = "def parse_args(argv):"
 
@@ -61,8 +60,8 @@ async def with_app(engine: EngineService, tokens: int, home: Path,
     app = SpecChatApp(engine=engine, baseline=Baseline(1.0, 1, "not measured here"),
                       history=History(home / "history.sqlite3"))
     if budget is not None:
-        app.pacer = FramePacer(budget=budget)
-    app.settings = Settings(max_tokens=tokens, num_draft=app.settings.num_draft)
+        app.chat.pacer = FramePacer(budget=budget)
+    app.settings = Settings(max_tokens=tokens)
     async with app.run_test(size=(120, 40)) as pilot:
         app.query_one(PromptInput).text = PROMPT
         await asyncio.sleep(0.5)  # let start-up (compose, first layout, footer) finish first
@@ -70,12 +69,12 @@ async def with_app(engine: EngineService, tokens: int, home: Path,
         while app.busy:  # a plain sleep: polling through the pilot would add UI work
             await asyncio.sleep(0.05)
         assert app.last_turn is not None
-        pacer = app.pacer
+        pacer = app.chat.pacer
         return AppRun(app.last_turn.end, pacer.share, pacer.frames / max(pacer.wall_s, 1e-9))
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mlx_spec_app.overhead", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m tools.app_overhead", description=__doc__)
     ap.add_argument("--model", default=None, help="default: the bundled demo pair")
     ap.add_argument("--num-draft", default="4", help="an integer, or auto")
     ap.add_argument("--tokens", type=int, default=256)

@@ -1,4 +1,4 @@
-"""Acceptance of the demo drafters on held-out prompts: `python -m mlx_spec.train.evaluate`.
+"""Acceptance of the demo drafters on held-out prompts: `python -m mlx_spec.bench.evaluate`.
 
 Prints (and with --out writes as JSON) tokens per target pass and acceptance for the MTP head at
 k = 1..8 and the draft model at k = 4, greedy and at T = 0.7, on the 8-bit and bf16 targets.
@@ -11,25 +11,23 @@ import json
 from pathlib import Path
 
 from ..assets import DEMO_DRAFT, DEMO_TARGET, DEMO_TARGET_F32, demo_model
-from ..bench import prompts_from_corpus
 from ..engine import Engine
 from ..events import TurnEnd
 from ..loading import load_target, make_drafter
 from ..sampling import SamplingConfig
+from ..stats import Totals
+from ..train.corpus import prompts_from_corpus
 
 
 def measure(engine: Engine, prompts: list[list[int]], max_tokens: int, temp: float) -> dict:
-    gen = passes = drafted = accepted = 0
+    turns = []
     for i, ids in enumerate(prompts):
         engine.reset()
         cfg = SamplingConfig(temperature=temp, seed=i)
-        end = [e for e in engine.generate(ids, max_tokens=max_tokens, sampling=cfg)
-               if isinstance(e, TurnEnd)][0]
-        s = end.stats
-        gen, passes = gen + s.generated_tokens, passes + s.target_passes
-        drafted, accepted = drafted + s.drafted, accepted + s.accepted
-    return {"tokens_per_pass": gen / max(passes, 1),
-            "acceptance": accepted / drafted if drafted else 0.0}
+        turns += [e.stats for e in engine.generate(ids, max_tokens=max_tokens, sampling=cfg)
+                  if isinstance(e, TurnEnd)]
+    t = Totals.from_turns(turns)
+    return {"tokens_per_pass": t.tokens_per_pass, "acceptance": t.acceptance_rate}
 
 
 def main(argv: list[str] | None = None) -> None:

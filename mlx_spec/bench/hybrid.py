@@ -18,12 +18,12 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from . import cache as kv
-from .drafters import DraftModelDrafter, nextn
-from .drafters.mtp import MTPConfig, MTPDrafter
-from .model import TargetModel
-from .recurrent import rollback_strategy
-from .train.modeldir import build_model
+from .. import cache as kv
+from ..drafters import DraftModelDrafter, nextn
+from ..drafters.mtp import MTPConfig, MTPDrafter
+from ..model import TargetModel
+from ..recurrent import rollback_strategy
+from ..train.modeldir import build_model
 from .widen import parameter_count, widen_hybrid, widen_nextn
 
 SMALL = dict(model_type="qwen3_5", tie_word_embeddings=False, text_config=dict(
@@ -128,7 +128,7 @@ def hybrid_rows(cfg, prompts: list[list[int]], ours: Callable, run_mlx_lm: Calla
                 make_row: Callable, efficiency: Callable, log: Callable[[str], None]
                 ) -> tuple[list, dict[str, Any]]:
     """The row group and the rollback comparison (measured here, never asserted)."""
-    from .adaptive import measure_verify_costs
+    from ..adaptive import measure_verify_costs
 
     small, wide, mtp = build_hybrid(cfg.hidden, cfg.layers, cfg.ffn, cfg.hybrid_noise)
     n_params = parameter_count(wide.model)

@@ -21,15 +21,17 @@ from typing import Any
 
 import mlx.core as mx
 
-from .adaptive import measure_verify_costs
-from .assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
-from .drafters import DraftModelDrafter, NgramDrafter
-from .drafters.mtp import load_mtp_drafter
-from .engine import Engine
-from .events import TokenEvent, TurnEnd
-from .loading import find_mtp_head, load_target
-from .model import TargetModel
-from .sampling import SamplingConfig
+from ..adaptive import measure_verify_costs
+from ..assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
+from ..drafters import DraftModelDrafter, NgramDrafter
+from ..drafters.mtp import load_mtp_drafter
+from ..engine import Engine
+from ..events import TokenEvent, TurnEnd
+from ..loading import find_mtp_head, load_target
+from ..model import TargetModel
+from ..sampling import SamplingConfig
+from ..stats import Totals
+from ..train.corpus import prompts_from_corpus
 from .widen import parameter_count, quantized, widen_mtp, widen_target
 
 
@@ -45,7 +47,7 @@ class BenchConfig:
     temperatures: tuple[tuple[float, float], ...] = ((0.0, 1.0), (1.0, 1.0), (0.7, 0.9))
     quantized_rows: bool = True
     hybrid_rows: bool = True
-    hybrid_noise: float = 0.06  # the hybrid target's damped layers (bench_hybrid.py)
+    hybrid_noise: float = 0.06  # the hybrid target's damped layers (bench/hybrid.py)
 
 
 QUICK = BenchConfig(prompts=1, max_tokens=48, sweep=(2, 4), temperatures=((0.0, 1.0), (1.0, 1.0)))
@@ -96,7 +98,8 @@ def run_ours(engine: Engine, prompts: list[list[int]], max_tokens: int, sampling
     for i, ids in enumerate(prompts):
         engine.reset()
         cfg = SamplingConfig(**{**asdict(sampling), "seed": i})
-        items, rate = timed(engine.generate(ids, max_tokens=max_tokens, sampling=cfg),
+        items, rate = timed(engine.generate(ids, max_tokens=max_tokens, sampling=cfg,
+                                            ignore_eos=True),  # fixed-length rows
                             lambda e: isinstance(e, TokenEvent))
         end = items[-1]
         assert isinstance(end, TurnEnd)
@@ -104,23 +107,19 @@ def run_ours(engine: Engine, prompts: list[list[int]], max_tokens: int, sampling
         stats.append(end.stats)
         row.tokens.append(list(end.tokens))
     row.tok_s = sum(rates) / len(rates)
-    passes = sum(s.target_passes for s in stats)
-    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
-    row.tokens_per_pass = sum(s.generated_tokens for s in stats) / max(passes, 1)
-    row.acceptance_rate = accepted / drafted if drafted else 0.0
-    pos_d = [sum(x) for x in zip(*(s.per_position_drafted for s in stats), strict=True)]
-    pos_a = [sum(x) for x in zip(*(s.per_position_accepted for s in stats), strict=True)]
-    row.per_position_acceptance = [a / d if d else 0.0 for a, d in zip(pos_a, pos_d,
-                                                                         strict=True)]
-    gen = sum(s.generation_s for s in stats)
-    row.draft_share = sum(s.draft_s for s in stats) / gen
-    row.verify_share = sum(s.verify_s for s in stats) / gen
+    t = Totals.from_turns(stats)
+    passes = max(t.passes, 1)
+    row.tokens_per_pass = t.tokens_per_pass
+    row.acceptance_rate = t.acceptance_rate
+    row.per_position_acceptance = [rate for _, rate, _ in t.per_position()]
+    row.draft_share = t.draft_s / t.seconds
+    row.verify_share = t.verify_s / t.seconds
     row.ttft_s = sum(s.ttft_s for s in stats) / len(stats)
     row.peak_memory_mb = max(s.peak_memory for s in stats) / 2**20
-    row.draft_s_per_pass = sum(s.draft_s for s in stats) / max(passes, 1)
-    row.verify_ms_per_pass = 1e3 * sum(s.verify_s for s in stats) / max(passes, 1)
-    row.commit_ms_per_pass = 1e3 * sum(s.commit_s for s in stats) / max(passes, 1)
-    row.mean_draft = drafted / max(passes, 1)
+    row.draft_s_per_pass = t.draft_s / passes
+    row.verify_ms_per_pass = 1e3 * t.verify_s / passes
+    row.commit_ms_per_pass = 1e3 * t.commit_s / passes
+    row.mean_draft = t.drafted / passes
     return row
 
 
@@ -155,21 +154,6 @@ def run_mlx_lm(target: TargetModel, draft: TargetModel | None, prompts: list[lis
     return row
 
 
-def prompts_from_corpus(tokenizer: Any, n: int, length: int = 48) -> list[list[int]]:
-    """Openings of held-out stdlib files (never seen in training)."""
-    from .train import corpus
-
-    out = []
-    for path in corpus.stdlib_files():
-        if len(out) == n:
-            break
-        text = corpus.read_text(path) if corpus.is_held_out(path) else None
-        if text and len(text) > 2000:
-            ids = tokenizer.encode(text[: length * 16], add_special_tokens=False)
-            out.append(list(ids[:length]))
-    return out
-
-
 def load_bench_models(cfg: BenchConfig):
     small, tokenizer = load_target(demo_model(DEMO_TARGET_F32))
     small.model.set_dtype(mx.float32)
@@ -198,7 +182,6 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
     def ours(target: TargetModel, drafter, num_draft, name: str, dname: str, tname: str,
              temp: float, top_p: float) -> Row:
         engine = Engine(target, tok, drafter, num_draft=num_draft)
-        engine.eos = set()  # fixed-length outputs for every row
         list(engine.generate(prompts[0][:8], max_tokens=4))  # warm-up
         row = Row(name, dname, "mlx-spec", tname, temp, top_p, num_draft)
         return run_ours(engine, prompts, cfg.max_tokens,
@@ -257,7 +240,7 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
 
     hybrid = None
     if cfg.hybrid_rows:
-        from .bench_hybrid import hybrid_rows
+        from .hybrid import hybrid_rows
 
         group, hybrid = hybrid_rows(cfg, prompts, ours, run_mlx_lm, Row, efficiency, log)
         rows.extend(group)
@@ -350,7 +333,7 @@ def hybrid_section(h: dict[str, Any]) -> list[str]:
         f"partial-RoPE gated attention in the 4th), its layers' output projections damped to "
         f"{h['noise']:g}, widened to {h['params'] / 1e6:.0f}M params (f32, function-preserving, "
         "GDN heads ×2). Its MTP head is in the published Qwen3.5 layout and *constructed* to "
-        "agree with the target's undamped part (bench_hybrid.py), so its acceptance is "
+        "agree with the target's undamped part (bench/hybrid.py), so its acceptance is "
         "synthetic; `draft (twin)` is the unwidened model itself, a perfect drafter. Verify "
         "cost for q = 1..9 tokens relative to 1: "
         + ", ".join(f"{x:.2f}" for x in h["verify_cost_ratio"]) + ".", "",

@@ -31,7 +31,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.base import create_causal_mask
 
 from .. import cache as kv
-from ..errors import ModelLoadError, TokenizerMismatchError
+from ..errors import ModelLoadError, TokenizerMismatchError, first_line
 from ..model import TargetModel
 from ..sampling import Sampler
 from . import nextn
@@ -308,7 +308,7 @@ def load_mtp_drafter(path: str | Path, target: TargetModel) -> MTPDrafter:
     except (ModelLoadError, TokenizerMismatchError):
         raise
     except Exception as e:
-        raise ModelLoadError(f"cannot load MTP head {path}: {str(e).splitlines()[0]}") from e
+        raise ModelLoadError(f"cannot load MTP head {path}: {first_line(e)}") from e
     cfg = MTPConfig(kind="nextn", target_hidden_size=target.hidden_size,
                     vocab_size=target.vocab_size, hidden_size=target.hidden_size,
                     rms_norm_eps=target.args.rms_norm_eps,
@@ -328,5 +328,5 @@ def _load_own(path: Path, target: TargetModel) -> MTPDrafter:
         missing = Path(e.filename or CONFIG_FILE).name
         raise ModelLoadError(f"not an MTP head directory: {path} ({missing} missing)") from None
     except Exception as e:
-        raise ModelLoadError(f"cannot load MTP head {path}: {str(e).splitlines()[0]}") from e
+        raise ModelLoadError(f"cannot load MTP head {path}: {first_line(e)}") from e
     return MTPDrafter(head, cfg, target)

@@ -11,6 +11,7 @@ import hashlib
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 HELD_OUT_PERCENT = 3
 
@@ -69,3 +70,16 @@ def documents(split: str, *, chat_template) -> Iterator[str]:
         for i, (ask, answer) in enumerate(chat_samples(text)):
             if i % 3 == 0:  # a third of the functions, so chat does not dominate the corpus
                 yield chat_template(ask, answer)
+
+
+def prompts_from_corpus(tokenizer: Any, n: int, length: int = 48) -> list[list[int]]:
+    """The first `length` tokens of n held-out stdlib files (never seen in training)."""
+    out = []
+    for path in stdlib_files():
+        if len(out) == n:
+            break
+        text = read_text(path) if is_held_out(path) else None
+        if text and len(text) > 2000:
+            ids = tokenizer.encode(text[: length * 16], add_special_tokens=False)
+            out.append(list(ids[:length]))
+    return out

@@ -12,16 +12,12 @@ target K/V of positions < i (what is in the target's cache when drafting starts 
 from __future__ import annotations
 
 import json
-import math
 import sys
-import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 import numpy as np
 
 from .. import cache as kv
@@ -34,7 +30,8 @@ from ..drafters.mtp import (
 )
 from ..errors import MlxSpecError
 from ..model import TargetModel
-from .target import load_checkpoint, save_checkpoint
+from ..sampling import Sampler, SamplingConfig
+from .loop import Schedule, train
 
 
 @dataclass(frozen=True)
@@ -100,17 +97,13 @@ def deepseek_loss(head, target, cfg: MTPConfig, x, h, p):
 def generate_pool(target: TargetModel, prompts: np.ndarray, new: int, temperature: float,
                   seed: int) -> np.ndarray:
     """Continue each prompt row with the target itself (batched), for self-distillation data."""
-    key = mx.random.key(seed)
+    sampler = Sampler(SamplingConfig(temperature=temperature, seed=seed))
     cache = kv.make_cache(target.model, slack=new)
     x = mx.array(prompts.astype(np.int32))
     out = [x]
     logits = target.model(x, cache=cache)[:, -1]
     for _ in range(new):
-        if temperature == 0:
-            tok = mx.argmax(logits, axis=-1)
-        else:
-            key, sub = mx.random.split(key)
-            tok = mx.random.categorical(logits / temperature, key=sub)
+        tok = sampler.sample_rows(logits)
         out.append(tok[:, None])
         logits = target.model(tok[:, None], cache=cache)[:, -1]
         mx.eval(logits)
@@ -150,34 +143,14 @@ def _progress(step: int, total: int, loss: float, rate: float) -> None:
 
 def _train(module: nn.Module, loss_fn, data: np.ndarray, dc: DistillConfig, workdir: Path,
            progress=_progress) -> float:
-    """The shared optimisation loop (AdamW, warmup + cosine, resumable checkpoints)."""
-    warm = optim.linear_schedule(1e-5, dc.lr, dc.warmup)
-    decay = optim.cosine_decay(dc.lr, max(1, dc.steps - dc.warmup), dc.lr * 0.05)
-    opt = optim.AdamW(learning_rate=optim.join_schedules([warm, decay], [dc.warmup]),
-                      weight_decay=0.01)
-    workdir.mkdir(parents=True, exist_ok=True)
-    ckpt = workdir / "checkpoint.safetensors"
-    start = load_checkpoint(ckpt, module, opt) if ckpt.exists() else 0
-    state = [module.state, opt.state]
+    """Rows of `data` drawn by (seed, step), through the shared loop (loop.py)."""
 
-    @partial(mx.compile, inputs=state, outputs=state)
-    def step_fn(x):
-        loss, grads = nn.value_and_grad(module, loss_fn)(x)
-        grads, _ = optim.clip_grad_norm(grads, 1.0)
-        opt.update(module, grads)
-        return loss
-
-    running, t0 = math.nan, time.perf_counter()
-    for step in range(start, dc.steps):
+    def batch(step: int) -> tuple[mx.array]:
         rng = np.random.default_rng((dc.seed, step))
-        x = mx.array(data[rng.integers(0, len(data), dc.batch_size)])
-        loss = step_fn(x)
-        mx.eval(state, loss)
-        running = loss.item() if math.isnan(running) else 0.95 * running + 0.05 * loss.item()
-        progress(step + 1, dc.steps, running, (step + 1 - start) / (time.perf_counter() - t0))
-        if (step + 1) % dc.save_every == 0 or step + 1 == dc.steps:
-            save_checkpoint(ckpt, module, opt, step + 1)
-    return running
+        return (mx.array(data[rng.integers(0, len(data), dc.batch_size)]),)
+
+    schedule = Schedule(steps=dc.steps, lr=dc.lr, warmup=dc.warmup, save_every=dc.save_every)
+    return train(module, loss_fn, batch, schedule, workdir / "checkpoint.safetensors", progress)
 
 
 def distill_mtp(target: TargetModel, data: np.ndarray, cfg: MTPConfig, dc: DistillConfig,

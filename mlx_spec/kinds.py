@@ -1,0 +1,16 @@
+"""The drafter kinds, in one table: the CLI's choices, `make_drafter`, the engine service and the
+app's settings all read it. No MLX import here: the UI process reads it too."""
+
+from __future__ import annotations
+
+DRAFTERS: dict[str, str] = {  # kind -> what proposes the tokens
+    "none": "off: target-only decoding, through the same loop",
+    "mtp": "an MTP head on the target's own hidden state (the model's own, or trained)",
+    "draft": "a smaller model with the same tokenizer",
+    "ngram": "prompt lookup: continuations found earlier in the conversation",
+}
+
+
+def kind_of(drafter_name: str) -> str:
+    """The kind of a drafter from its name ("mtp-deepseek" is an "mtp")."""
+    return drafter_name.split("-", 1)[0]

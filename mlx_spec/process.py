@@ -1,0 +1,236 @@
+"""The engine in a child process: EngineProcess (the parent's end) and the messages both ends
+exchange over two pipes. The child's end is `_child.py` (`python -m mlx_spec._child`).
+
+Why a process: see service.py. Requests are frozen dataclasses, one per service call; the child
+answers a call with one `Ok` or `Failed`, and a chat with `Token`s then `Done` (or `Failed`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import IO, Any
+
+from .errors import MlxSpecError
+from .events import Event
+from .sampling import SamplingConfig
+from .service import EngineInfo, Messages
+from .stats import Baseline
+
+# -- requests (parent -> child) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    model: str | None
+    drafter: str
+    draft_model: str | None
+    mtp: str | None
+    num_draft: int | str
+
+
+@dataclass(frozen=True)
+class Chat:
+    messages: Messages
+    max_tokens: int
+    sampling: SamplingConfig | None
+    target_only: bool
+
+
+@dataclass(frozen=True)
+class MeasureBaseline:
+    tokens: int
+    repeats: int
+
+
+@dataclass(frozen=True)
+class Configure:
+    num_draft: int | str | None
+    drafter: str | None
+
+
+@dataclass(frozen=True)
+class Close:
+    pass
+
+
+Request = Load | Chat | MeasureBaseline | Configure | Close
+
+# -- replies (child -> parent) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ok:
+    value: Any  # EngineInfo or Baseline
+
+
+@dataclass(frozen=True)
+class Token:
+    event: Event  # a TokenEvent, or the TurnEnd before Done
+
+
+@dataclass(frozen=True)
+class Done:
+    pass
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: MlxSpecError  # its type survives the pipe: a PromptTooLongError stays one
+
+
+Reply = Ok | Token | Done | Failed
+
+_POLL_S = 0.05  # how often a waiting parent looks at its stop flag and at the child
+
+
+class EngineProcess:
+    """The engine in a child process (a fresh interpreter: nothing of the parent's __main__ is
+    re-imported). Same API as EngineInThread. Stopping a turn is a SIGUSR1, which the child
+    turns into the engine's stop flag; a dead child becomes a one-line MlxSpecError."""
+
+    def __init__(self, process: subprocess.Popen, send: Connection, recv: Connection,
+                 log: IO[bytes]) -> None:
+        self._process, self._send_conn, self._recv_conn, self._log = process, send, recv, log
+        self._lock = threading.Lock()
+        self._info = EngineInfo("", "none", 0, ())
+
+    @classmethod
+    def start(cls, *, model: str | None = None, drafter: str = "auto",
+              draft_model: str | None = None, mtp: str | None = None,
+              num_draft: int | str = "auto") -> EngineProcess:
+        """Start the child and load there; returns when loaded. Raises MlxSpecError."""
+        to_child, from_parent = os.pipe()[::-1]  # (write end, read end)
+        from_child, to_parent = os.pipe()
+        log = tempfile.TemporaryFile()  # the child's stderr: its last line explains a crash
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mlx_spec._child", str(from_parent), str(to_parent)],
+            pass_fds=(from_parent, to_parent), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=log)
+        os.close(from_parent)
+        os.close(to_parent)
+        service = cls(process, Connection(to_child, readable=False),
+                      Connection(from_child, writable=False), log)
+        try:
+            service._info = service._call(Load(model, drafter, draft_model, mtp, num_draft))
+        except MlxSpecError:
+            service.close()
+            raise
+        return service
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def measure_baseline(self, *, tokens: int = 64, repeats: int = 3) -> Baseline:
+        return self._call(MeasureBaseline(tokens, repeats))
+
+    def configure(self, *, num_draft: int | str | None = None,
+                  drafter: str | None = None) -> EngineInfo:
+        self._info = self._call(Configure(num_draft, drafter))
+        return self._info
+
+    def chat(self, messages: Messages, *, max_tokens: int = 256,
+             sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
+             target_only: bool = False) -> Iterator[Event]:
+        with self._lock:
+            self._send(Chat(messages, max_tokens, sampling, target_only))
+            signalled, finished = False, False
+            try:
+                while True:
+                    if stop is not None and stop.is_set() and not signalled:
+                        self._process.send_signal(signal.SIGUSR1)  # checked between rounds
+                        signalled = True
+                    if not self._wait():
+                        continue
+                    reply = self._recv()
+                    if isinstance(reply, Token):
+                        yield reply.event
+                        continue
+                    finished = True
+                    if isinstance(reply, Failed):
+                        raise reply.error
+                    return
+            finally:
+                if not finished and self._process.poll() is None:
+                    self._abandon()
+
+    def _abandon(self) -> None:
+        """The caller stopped reading mid-turn: stop the turn and drop the rest of its events,
+        so the next request reads its own answer."""
+        self._process.send_signal(signal.SIGUSR1)
+        try:
+            while True:
+                while not self._wait():
+                    pass
+                if not isinstance(self._recv(), Token):
+                    return
+        except MlxSpecError:
+            return
+
+    def close(self) -> None:
+        """Ask the child to exit; end it if it has not within a few seconds."""
+        if self._process.poll() is None:
+            try:
+                self._process.send_signal(signal.SIGUSR1)  # a turn in progress ends first
+                self._send_conn.send(Close())
+                self._process.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                self._process.kill()
+                self._process.wait()
+        for c in (self._send_conn, self._recv_conn):
+            c.close()
+        self._log.close()
+
+    # the pipes
+
+    def _call(self, request: Request) -> Any:
+        with self._lock:
+            self._send(request)
+            while not self._wait():
+                pass
+            reply = self._recv()
+            if isinstance(reply, Failed):
+                raise reply.error
+            assert isinstance(reply, Ok), reply
+            return reply.value
+
+    def _send(self, request: Request) -> None:
+        try:
+            self._send_conn.send(request)
+        except OSError:
+            raise self._died() from None
+
+    def _wait(self) -> bool:
+        """True when a message is ready; raises if the child died without one."""
+        if self._recv_conn.poll(_POLL_S):
+            return True
+        if self._process.poll() is not None and not self._recv_conn.poll():
+            raise self._died()
+        return False
+
+    def _recv(self) -> Reply:
+        try:
+            return self._recv_conn.recv()
+        except (EOFError, OSError):
+            raise self._died() from None
+
+    def _died(self) -> MlxSpecError:
+        try:
+            code = self._process.wait(2)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is not None and code < 0:  # a signal: the OOM killer, a crash in a kernel
+            why = f"killed by {signal.Signals(-code).name}"
+        else:  # a Python error's traceback ends with its one-line message
+            self._log.seek(0)
+            lines = [ln for ln in self._log.read().decode(errors="replace").splitlines() if ln]
+            why = f"exit code {code}" + (f": {lines[-1].strip()}" if lines else "")
+        return MlxSpecError(f"the engine process ended unexpectedly ({why})")

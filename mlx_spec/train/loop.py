@@ -1,0 +1,86 @@
+"""The one training loop: AdamW with linear warm-up then cosine decay, a compiled step with
+gradient clipping, resumable checkpoints. The target trainer (target.py) and the drafter
+distiller (distill.py) both run through it; they differ only in their loss and their batches.
+
+Resumable: a checkpoint (weights, optimizer state, step) is written every `save_every` steps and
+at the end, atomically, and a later run with the same checkpoint path continues from it. Batches
+come from `batch(step)`, which must depend on the step alone, so a resumed run sees the same data.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten, tree_unflatten
+
+# progress(step, total, running loss, steps per second)
+Progress = Callable[[int, int, float, float], None]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    steps: int
+    lr: float
+    warmup: int
+    weight_decay: float = 0.01
+    save_every: int = 100
+    clip: float = 1.0
+
+    def optimizer(self) -> optim.Optimizer:
+        warm = optim.linear_schedule(1e-5, self.lr, self.warmup)
+        decay = optim.cosine_decay(self.lr, max(1, self.steps - self.warmup), self.lr * 0.05)
+        return optim.AdamW(learning_rate=optim.join_schedules([warm, decay], [self.warmup]),
+                           weight_decay=self.weight_decay)
+
+
+def train(module: nn.Module, loss_fn: Callable[..., mx.array],
+          batch: Callable[[int], tuple[mx.array, ...]], schedule: Schedule, checkpoint: Path,
+          progress: Progress | None = None) -> float:
+    """Optimise `module`'s trainable parameters on loss_fn(*batch(step)); returns the final
+    running loss (an exponential average, 0.95)."""
+    opt = schedule.optimizer()
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    start = load_checkpoint(checkpoint, module, opt) if checkpoint.exists() else 0
+    state = [module.state, opt.state]
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def step_fn(*xs):
+        loss, grads = nn.value_and_grad(module, loss_fn)(*xs)
+        grads, _ = optim.clip_grad_norm(grads, schedule.clip)
+        opt.update(module, grads)
+        return loss
+
+    running, t0 = math.nan, time.perf_counter()
+    for step in range(start, schedule.steps):
+        loss = step_fn(*batch(step))
+        mx.eval(state, loss)
+        running = loss.item() if math.isnan(running) else 0.95 * running + 0.05 * loss.item()
+        if progress is not None:
+            progress(step + 1, schedule.steps, running,
+                     (step + 1 - start) / (time.perf_counter() - t0))
+        if (step + 1) % schedule.save_every == 0 or step + 1 == schedule.steps:
+            save_checkpoint(checkpoint, module, opt, step + 1)
+    return running
+
+
+def save_checkpoint(path: Path, model: nn.Module, optimizer: optim.Optimizer, step: int) -> None:
+    flat = {f"model.{k}": v for k, v in tree_flatten(model.parameters())}
+    flat.update({f"opt.{k}": v for k, v in tree_flatten(optimizer.state)})
+    tmp = path.with_suffix(".tmp.safetensors")
+    mx.save_safetensors(str(tmp), flat, metadata={"step": str(step)})
+    tmp.replace(path)  # atomic: a kill mid-write never leaves a broken checkpoint
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> int:
+    flat, meta = mx.load(str(path), return_metadata=True)
+    model.update(tree_unflatten([(k[6:], v) for k, v in flat.items() if k.startswith("model.")]))
+    optimizer.state = tree_unflatten([(k[4:], v) for k, v in flat.items() if k.startswith("opt.")])
+    return int(meta["step"])
