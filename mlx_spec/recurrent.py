@@ -1,4 +1,5 @@
-"""Recurrent layers that can take back a round: Gated DeltaNet recording its own updates.
+"""Recurrent state that can take back a round: RecurrentCache, and the Gated DeltaNet layers that
+record their updates into it (cache.py's commit path trims it like any other cache kind).
 
 A Gated DeltaNet layer (Qwen3.5 / 3.6 / 3.8, Qwen3-Next) keeps two states per sequence:
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -31,7 +33,76 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
-from .cache import RecurrentCache
+from .errors import UnsupportedModelError
+
+
+@dataclass
+class _Update:
+    """One recorded update of a recurrent layer: n tokens, the state before them, and
+    replay(m) -> the state after only the first m of them; nbytes: what the record keeps alive
+    beyond the state itself (the update's inputs, or its per-step states)."""
+
+    n: int
+    before: list[Any]
+    replay: Callable[[int], list[Any]]
+    nbytes: int = 0
+
+
+class RecurrentCache(ArraysCache):
+    """ArraysCache whose recent updates can be taken back exactly (see the module doc).
+
+    A rollback-aware layer calls `update(state, n, replay)` instead of writing the entries; any
+    other write (a layer that does not record) breaks the tape until the next seal."""
+
+    def __init__(self, size: int, *, rollback: bool = True):
+        super().__init__(size)
+        self.rollback = rollback  # False: the model's recurrent layers do not record updates
+        self.tape: list[_Update] | None = []
+
+    def __setitem__(self, idx, value):
+        self.tape = None  # an unrecorded write: this state can no longer be taken back
+        super().__setitem__(idx, value)
+
+    def update(self, state: list[Any], n: int, replay: Callable[[int], list[Any]], *,
+               nbytes: int = 0) -> None:
+        if self.tape is not None:
+            self.tape.append(_Update(n, list(self.cache), replay, nbytes))
+        self.cache = list(state)
+
+    def can_trim(self, n: int) -> bool:
+        return n == 0 or (self.tape is not None and n <= sum(u.n for u in self.tape))
+
+    def trim(self, n: int) -> int:
+        if not self.can_trim(n):
+            raise UnsupportedModelError("recurrent state cannot roll back past its last commit")
+        left = n
+        while left:
+            u = self.tape[-1]
+            if u.n <= left:  # the whole update goes: back to the state before it
+                self.cache, left = list(u.before), left - u.n
+                self.tape.pop()
+            else:  # keep its first u.n - left tokens: replay just those from u.before
+                self.cache = list(u.replay(u.n - left))
+                self.tape[-1] = _Update(u.n - left, u.before, u.replay, u.nbytes)
+                self.replayed = True
+                left = 0
+        return n
+
+    def seal(self) -> None:
+        self.tape = []
+
+    replayed = False  # set by a trim that replayed; read (and cleared) by trim_to
+
+    @property
+    def tape_nbytes(self) -> int:
+        """Memory the rollback records hold now (states before, inputs or per-step states)."""
+        return sum(u.nbytes + sum(a.nbytes for a in u.before if a is not None)
+                   for u in self.tape or [])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.cache if c is not None)
+
 
 
 def _split_projections(layer, x):
