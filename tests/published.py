@@ -156,8 +156,9 @@ def write_checkpoint(out: Path, arch: str, model, head, tokenizer_dir: Path) -> 
 
 
 def write_sidecar(out: Path, arch: str, head, *, bits: int | None = None,
-                  tokenizer_dir: Path | None = None) -> Path:
-    """An mlx-vlm-style sidecar: MLX names without `mtp.`, norms shifted, maybe quantized."""
+                  dtype: mx.Dtype | None = None) -> Path:
+    """An mlx-vlm-style sidecar: MLX names without `mtp.`, norms shifted, maybe quantized (bits)
+    or cast (dtype, e.g. bf16 as the `-bf16` repos)."""
     import mlx.nn as nn
 
     config = CONFIGS[arch]
@@ -176,6 +177,9 @@ def write_sidecar(out: Path, arch: str, head, *, bits: int | None = None,
             weights[lay.names[stem] + "." + suffix] = v
         else:
             weights[lay.block_prefix + k[len("block."):]] = v
+    if dtype is not None:
+        weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+                   for k, v in weights.items()}
     out.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(side, indent=2))

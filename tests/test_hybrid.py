@@ -127,16 +127,17 @@ def test_multi_turn_prefix_reuse_and_history_rewrite(loaded, checkpoints):
     assert third.stats.reused_tokens == 0
 
 
-def test_hybrid_mtp_samples_the_target_distribution(loaded, checkpoints):
-    target, tok = loaded("qwen3_5")
-    engine = Engine(target, tok, make_drafter("mtp", target, model_path=checkpoints("qwen3_5")),
+@pytest.mark.parametrize("arch", HYBRID)
+def test_hybrid_mtp_samples_the_target_distribution(loaded, checkpoints, arch):
+    target, tok = loaded(arch)
+    engine = Engine(target, tok, make_drafter("mtp", target, model_path=checkpoints(arch)),
                     num_draft=2)
     tally = []
     prompt = PROMPT[:12]
     pairs = sample_pairs(engine, CFG, tally, prompt)
     assert_both_paths_taken(tally)
     pval = chi2_pvalue(pairs, exact_joint(target, SamplingConfig(**CFG), prompt))
-    print(f"qwen3_5 published MTP χ² p = {pval:.3f}")
+    print(f"{arch} published MTP χ² p = {pval:.3f}")
     assert pval > 0.01
 
 
@@ -250,7 +251,8 @@ def mlx_conversion(tmp_path_factory, loaded, tokenizer_dir):
     return out
 
 
-@pytest.mark.parametrize(("bits", "where"), [(None, "beside"), (4, "beside"), (8, "inside")])
+@pytest.mark.parametrize(("bits", "where"), [(None, "beside"), ("bf16", "beside"), (4, "beside"),
+                                             (8, "inside")])
 def test_sidecar_head_beside_an_mlx_conversion(mlx_conversion, checkpoints, tmp_path, bits,
                                                where):
     model_dir = tmp_path / mlx_conversion.name
@@ -261,7 +263,9 @@ def test_sidecar_head_beside_an_mlx_conversion(mlx_conversion, checkpoints, tmp_
         make_drafter("mtp", target, model_path=model_dir)
     reference = make_drafter("mtp", target, mtp=checkpoints("qwen3_5", "agree"))  # --mtp DIR
     side_dir = tmp_path / f"{model_dir.name}-mtp" if where == "beside" else model_dir / "mtp"
-    side = write_sidecar(side_dir, "qwen3_5", reference.head, bits=bits)
+    side = write_sidecar(side_dir, "qwen3_5", reference.head,
+                         bits=bits if isinstance(bits, int) else None,
+                         dtype=mx.bfloat16 if bits == "bf16" else None)
     assert find_mtp_head(model_dir, target) == side
     engine = load_engine(model_dir, num_draft=4)  # auto finds the sidecar
     assert engine.drafter.cfg.kind == "nextn"
