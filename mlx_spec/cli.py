@@ -38,7 +38,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="auto: the model's own MTP head or one found beside it, else "
                         "--draft-model, else none")
     p.add_argument("--draft-model", help="draft model (same tokenizer as the target)")
-    p.add_argument("--mtp", help="MTP head directory (default: found beside the model)")
+    p.add_argument("--mtp", help="MTP head: a directory or hub repo (default: the model's own, "
+                                  "or one found beside it)")
     p.add_argument("--num-draft", "-k", default="auto",
                    help="tokens drafted per round: an integer >= 1, or 'auto' (default: chosen "
                         "each round from measured costs and acceptance)")
