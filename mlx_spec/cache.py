@@ -164,19 +164,19 @@ def trim_to(caches: list[Any], n: int, *, have: int) -> list[Any]:
     """The commit: cut every layer from `have` entries back to its first n (the committed
     prefix), then seal (recurrent tapes are dropped: nothing before n is taken back).
 
-    Returns the states a replay produced (lazy), for the caller to evaluate when it likes."""
+    Returns the recurrent states it cut back (lazy where a replay made them), for the caller to
+    evaluate when it likes."""
     if n > have:
         raise ValueError(f"cache holds {have} tokens, cannot trim to {n}")
-    replayed = []
+    cut = []
     for c in caches:
         if have > n:
             c.trim(have - n)
         if isinstance(c, RecurrentCache):
-            if c.replayed:
-                replayed.extend(a for a in c.cache if a is not None)
-                c.replayed = False
+            if have > n:
+                cut.extend(a for a in c.cache if a is not None)
             c.seal()
-    return replayed
+    return cut
 
 
 def can_trim_to(caches: list[Any], n: int, *, have: int) -> bool:

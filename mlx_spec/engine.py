@@ -158,9 +158,9 @@ class Engine:
         valid: how many leading tokens the drafter saw as they are now committed."""
         start = len(self.tokens) - 1  # position of the old pending token
         self.tokens.extend(new)
-        replayed = kv.trim_to(self.cache, len(self.tokens) - 1, have=self.cached)
-        if replayed:  # evaluated here, so a recurrent rollback's cost is counted as commit time
-            mx.eval(replayed)
+        cut = kv.trim_to(self.cache, len(self.tokens) - 1, have=self.cached)
+        if cut:  # evaluated here, so a recurrent rollback's cost is counted as commit time
+            mx.eval(cut)
         self.cached = len(self.tokens) - 1
         if self.drafter is not None:
             h = hidden[: len(new)] if hidden is not None else None

@@ -16,10 +16,9 @@ def load_target(path_or_repo: str | Path) -> tuple[TargetModel, Any]:
     """(TargetModel, mlx-lm TokenizerWrapper) for a local model directory or a hub repo id."""
     from mlx_lm import load
 
-    path = Path(path_or_repo)
     local: Path | None = None
-    if path.exists() or str(path_or_repo).startswith((".", "/", "~")):
-        local = path.expanduser()
+    if _is_local(path_or_repo):
+        local = Path(path_or_repo).expanduser()
         _check_model_dir(local)
         source = str(local)
     else:
@@ -69,15 +68,19 @@ def _check_model_dir(path: Path) -> None:
 def _local_dir(name: str | Path) -> Path:
     """A local directory for a path, or for a hub repo id such as a sidecar MTP head
     (`mlx-community/Qwen3.6-27B-MTP-4bit`), fetched into the Hugging Face cache if needed."""
-    p = Path(name).expanduser()
-    if p.exists() or str(name).startswith((".", "/", "~")) or str(name).count("/") != 1:
-        return p
+    if _is_local(name) or str(name).count("/") != 1:
+        return Path(name).expanduser()
     try:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors"]))
     except Exception as e:
         raise ModelLoadError(f"cannot fetch {name}: {first_line(e)}") from e
+
+
+def _is_local(name: str | Path) -> bool:
+    """A path on this machine (it exists, or is written as one), not a hub repo id."""
+    return Path(name).exists() or str(name).startswith((".", "/", "~"))
 
 
 def _display_name(path_or_repo: str | Path) -> str:

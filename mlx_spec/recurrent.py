@@ -84,14 +84,11 @@ class RecurrentCache(ArraysCache):
             else:  # keep its first u.n - left tokens: replay just those from u.before
                 self.cache = list(u.replay(u.n - left))
                 self.tape[-1] = _Update(u.n - left, u.before, u.replay, u.nbytes)
-                self.replayed = True
                 left = 0
         return n
 
     def seal(self) -> None:
         self.tape = []
-
-    replayed = False  # set by a trim that replayed; read (and cleared) by trim_to
 
     @property
     def tape_nbytes(self) -> int:
@@ -102,7 +99,6 @@ class RecurrentCache(ArraysCache):
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.cache if c is not None)
-
 
 
 def _split_projections(layer, x):

@@ -35,8 +35,9 @@ def test_wide_target_and_mtp_head_compute_the_same_function(load):
 def test_wide_hybrid_target_and_published_head_compute_the_same_function():
     """The bench's hybrid target: GDN heads added, hidden/FFN/layers widened, same function;
     its published-layout MTP head proposes exactly the same drafts on both."""
-    from mlx_spec.bench.hybrid import SMALL, agreeing_pair, nextn_drafter
+    from mlx_spec.bench.hybrid import SMALL, agreeing_pair
     from mlx_spec.bench.widen import widen_hybrid, widen_nextn
+    from mlx_spec.drafters.mtp import nextn_drafter
     from mlx_spec.model import TargetModel
 
     model, head = agreeing_pair(SMALL, noise=0.06)

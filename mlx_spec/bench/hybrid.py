@@ -20,7 +20,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from .. import cache as kv
 from ..drafters import DraftModelDrafter, nextn
-from ..drafters.mtp import MTPConfig, MTPDrafter
+from ..drafters.mtp import nextn_drafter
 from ..model import TargetModel
 from ..recurrent import rollback_strategy
 from ..train.modeldir import build_model
@@ -63,13 +63,6 @@ def agreeing_pair(config: dict[str, Any], *, seed: int = 0, noise: float = 0.0):
     head.norm.weight = final
     mx.eval(model.parameters(), head.parameters())
     return model, head
-
-
-def nextn_drafter(head, target: TargetModel) -> MTPDrafter:
-    cfg = MTPConfig(kind="nextn", target_hidden_size=target.hidden_size,
-                    vocab_size=target.vocab_size, hidden_size=target.hidden_size,
-                    rms_norm_eps=target.args.rms_norm_eps)
-    return MTPDrafter(head, cfg, target)
 
 
 def build_hybrid(hidden: int, layers: int, ffn: int, noise: float):

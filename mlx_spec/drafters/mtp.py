@@ -309,10 +309,16 @@ def load_mtp_drafter(path: str | Path, target: TargetModel) -> MTPDrafter:
         raise
     except Exception as e:
         raise ModelLoadError(f"cannot load MTP head {path}: {first_line(e)}") from e
+    return nextn_drafter(head, target, zero_first_embedding=lay.zero_first_embedding)
+
+
+def nextn_drafter(head: NextNHead, target: TargetModel, *,
+                  zero_first_embedding: bool = False) -> MTPDrafter:
+    """A drafter around a published-layout head (nextn.py) on `target`."""
     cfg = MTPConfig(kind="nextn", target_hidden_size=target.hidden_size,
                     vocab_size=target.vocab_size, hidden_size=target.hidden_size,
                     rms_norm_eps=target.args.rms_norm_eps,
-                    zero_first_embedding=lay.zero_first_embedding)
+                    zero_first_embedding=zero_first_embedding)
     return MTPDrafter(head, cfg, target)
 
 
