@@ -12,6 +12,7 @@ import sys
 import threading
 from typing import Any
 
+from .cli_models import add_commands as add_hub_commands
 from .errors import MlxSpecError
 from .kinds import DRAFTERS
 
@@ -69,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="quantize the target's KV cache (attention layers) to 4 or 8 bits")
 
     c = sub.add_parser("chat", help="open the chat app (the default command)")
-    c.add_argument("model", nargs="?")
+    c.add_argument("model", nargs="?",
+                   help="a preset (`mlx-spec models`), a hub repo id or a model directory; "
+                        "what is missing is downloaded first")
     c.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto")
     c.add_argument("--draft-model")
     c.add_argument("--mtp")
@@ -84,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch-size", type=_positive_int, default=8)
     t.add_argument("--seq-len", type=_positive_int, default=192)
+
+    add_hub_commands(sub)
 
     b = sub.add_parser("bench", help="side-by-side speed benchmark")
     b.add_argument("--quick", action="store_true")
@@ -108,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             from .bench import cmd_bench
 
             return cmd_bench(args)
+        if args.command in ("models", "pull", "rm"):
+            from . import cli_models
+
+            return getattr(cli_models, f"cmd_{args.command}")(args)
         return cmd_chat(args)
     except MlxSpecError as e:
         print(f"mlx-spec: error: {e}", file=sys.stderr)
@@ -150,8 +159,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     num_draft = parse_num_draft(args.num_draft)
     if not args.prompt:
         raise MlxSpecError("the prompt is empty")
-    engine = load_engine(args.model, drafter=args.drafter, draft_model=args.draft_model,
-                         mtp=args.mtp, num_draft=num_draft, kv_bits=args.kv_bits)
+    model, drafter, draft_model, mtp = fetched(args)
+    engine = load_engine(model, drafter=drafter, draft_model=draft_model, mtp=mtp,
+                         num_draft=num_draft, kv_bits=args.kv_bits)
     tok = engine.tokenizer
     ids = (encode_raw(tok, args.prompt) if args.raw
            else encode_chat(tok, [{"role": "user", "content": args.prompt}]))
@@ -186,6 +196,34 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def fetched(args: argparse.Namespace) -> tuple[Any, str, Any, Any]:
+    """(model, drafter, draft_model, mtp) as local paths: a preset or hub repo id is pulled
+    first (what is cached is not fetched again), and its drafter fills what was left unset."""
+    from .loading import is_local
+
+    model, drafter, draft_model, mtp = args.model, args.drafter, args.draft_model, args.mtp
+    if draft_model and not is_local(draft_model):
+        from .hub import fetch
+
+        draft_model = fetch(draft_model, progress=_bar())
+    if model is None or is_local(model):
+        return model, drafter, draft_model, mtp
+    from . import hub
+
+    launch = hub.pull(model, progress=_bar())
+    for w in launch.warnings:
+        print(f"mlx-spec: warning: {w}", file=sys.stderr)
+    if drafter == "auto" and draft_model is None and mtp is None:
+        drafter, draft_model, mtp = launch.drafter, launch.draft_model, launch.mtp
+    return launch.target, drafter, draft_model, mtp
+
+
+def _bar():
+    from .cli_models import ProgressBar
+
+    return ProgressBar()
+
+
 def _print_fragment(text: str, kind: str, colour: bool) -> None:
     if colour and kind in KIND_COLOURS:
         text = f"{KIND_COLOURS[kind]}{text}\x1b[0m"
@@ -206,17 +244,26 @@ def summary_line(s: Any) -> str:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    """The app, on local paths only: a preset or repo id that is fully cached opens at once;
+    one that is not opens the app's download screen first (the user asked for it by name)."""
     try:
         from mlx_spec_app.app import run_app
     except ImportError as e:
         raise MlxSpecError(f"the chat app is not available: {e}") from e
-    return run_app(
-        model=getattr(args, "model", None),
-        drafter=getattr(args, "drafter", "auto"),
-        draft_model=getattr(args, "draft_model", None),
-        mtp=getattr(args, "mtp", None),
-        num_draft=parse_num_draft(getattr(args, "num_draft", "auto")),
-    )
+    from .loading import is_local
+
+    model = getattr(args, "model", None)
+    options = dict(drafter=getattr(args, "drafter", "auto"),
+                   draft_model=getattr(args, "draft_model", None), mtp=getattr(args, "mtp", None),
+                   num_draft=parse_num_draft(getattr(args, "num_draft", "auto")))
+    if model is None or is_local(model):
+        return run_app(model=model, **options)
+    from . import hub
+    from .cli_models import warn_if_too_big
+
+    hub.resolve(model)  # an unknown name is one line here, before the app opens
+    warn_if_too_big(model)
+    return run_app(pull=model, **options)
 
 
 if __name__ == "__main__":

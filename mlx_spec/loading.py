@@ -17,7 +17,7 @@ def load_target(path_or_repo: str | Path) -> tuple[TargetModel, Any]:
     from mlx_lm import load
 
     local: Path | None = None
-    if _is_local(path_or_repo):
+    if is_local(path_or_repo):
         local = Path(path_or_repo).expanduser()
         _check_model_dir(local)
         source = str(local)
@@ -68,7 +68,7 @@ def _check_model_dir(path: Path) -> None:
 def _local_dir(name: str | Path) -> Path:
     """A local directory for a path, or for a hub repo id such as a sidecar MTP head
     (`mlx-community/Qwen3.6-27B-MTP-4bit`), fetched into the Hugging Face cache if needed."""
-    if _is_local(name) or str(name).count("/") != 1:
+    if is_local(name) or str(name).count("/") != 1:
         return Path(name).expanduser()
     try:
         from huggingface_hub import snapshot_download
@@ -78,14 +78,20 @@ def _local_dir(name: str | Path) -> Path:
         raise ModelLoadError(f"cannot fetch {name}: {first_line(e)}") from e
 
 
-def _is_local(name: str | Path) -> bool:
+def is_local(name: str | Path) -> bool:
     """A path on this machine (it exists, or is written as one), not a hub repo id."""
     return Path(name).exists() or str(name).startswith((".", "/", "~"))
 
 
 def _display_name(path_or_repo: str | Path) -> str:
+    """A directory's name; for a hub cache snapshot (models--org--name/snapshots/SHA), org/name."""
     p = Path(path_or_repo)
-    return p.name if p.exists() else str(path_or_repo)
+    if not p.exists():
+        return str(path_or_repo)
+    repo = p.parent.parent.name
+    if p.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo.removeprefix("models--").replace("--", "/")
+    return p.name
 
 
 def find_mtp_head(model_path: str | Path | None, target: TargetModel | None = None

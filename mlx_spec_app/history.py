@@ -7,14 +7,15 @@ message is written once, when it is complete: the user's on send, the answer at 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-APP_NAME = "mlx-spec"
+from mlx_spec.paths import data_dir
+
+__all__ = ["History", "data_dir"]
+
 DB_NAME = "history.sqlite3"
 
 SCHEMA = """
@@ -38,16 +39,6 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 CREATE TABLE IF NOT EXISTS prefs (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-
-
-def data_dir() -> Path:
-    """MLX_SPEC_HOME, else the platform's per-user data directory."""
-    if home := os.environ.get("MLX_SPEC_HOME"):
-        return Path(home).expanduser()
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Application Support" / APP_NAME
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / APP_NAME
 
 
 class History:

@@ -32,6 +32,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import mlx.core as mx
@@ -146,10 +147,20 @@ def layout_for(target: TargetModel) -> Layout | None:
     return next((lay for lay in LAYOUTS if family(target) in lay.families), None)
 
 
+def checkpoint_prefix(config: dict[str, Any]) -> str | None:
+    """Where a checkpoint with this config.json keeps its MTP module, or None when its family
+    has no known layout or the config declares no MTP layer (read before any weight is)."""
+    text = config.get("text_config", config)
+    lay = next((lay for lay in LAYOUTS if config.get("model_type") in lay.families), None)
+    if lay is None or not max(int(text.get(k) or config.get(k) or 0) for k in lay.config_keys):
+        return None
+    return lay.prefix(SimpleNamespace(**text))
+
+
 # -- finding the tensors -------------------------------------------------------------------------
 
 
-def _tensor_names(path: Path) -> dict[str, Path]:
+def tensor_names(path: Path) -> dict[str, Path]:
     """Every tensor name in a directory's safetensors files (headers only: no weights read)."""
     names: dict[str, Path] = {}
     for f in sorted(path.glob("*.safetensors")):
@@ -177,7 +188,7 @@ def has_checkpoint_head(target: TargetModel, model_dir: Path | None) -> bool:
     if lay is None or model_dir is None or not Path(model_dir).is_dir():
         return False
     prefix = lay.prefix(target.args)
-    return any(k.startswith(prefix) for k in _tensor_names(Path(model_dir)))
+    return any(k.startswith(prefix) for k in tensor_names(Path(model_dir)))
 
 
 def declared_layers(target: TargetModel, config: dict[str, Any]) -> int:
@@ -200,7 +211,7 @@ def load_checkpoint_head(target: TargetModel, model_dir: Path):
     """The MTP head inside the target's own checkpoint: (head, layout)."""
     lay = _layout_or_raise(target)
     prefix = lay.prefix(target.args)
-    files = _tensor_names(model_dir)
+    files = tensor_names(model_dir)
     keys = [k for k in files if k.startswith(prefix)]
     if not keys:
         raise ModelLoadError(f"{model_dir} has no MTP tensors ({prefix}*)")
@@ -226,7 +237,7 @@ def load_sidecar_head(target: TargetModel, path: Path):
             f"{path}: the MTP head's hidden size is {text['hidden_size']}, the target's "
             f"{target.hidden_size}; it was made for another model"
         )
-    files = _tensor_names(path)
+    files = tensor_names(path)
     if not files:
         raise ModelLoadError(f"no weights (*.safetensors) in {path}")
     weights = _read(files, list(files))

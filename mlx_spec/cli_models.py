@@ -1,0 +1,145 @@
+"""`mlx-spec models | pull | rm`: presets, downloads and disk, in the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+
+from . import hub
+from .hub.fetch import cache_root, gb
+from .hub.presets import GPU_SHARE
+
+
+def add_commands(sub) -> None:
+    m = sub.add_parser("models", help="presets, what fits this machine, what is downloaded")
+    m.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("pull", help="download a preset or hub repo (and its drafter)")
+    p.add_argument("name", help="a preset (see `mlx-spec models`) or a hub repo id")
+    p.add_argument("--drafter", help="hub repo of the drafter: a draft model or a sidecar MTP head")
+    p.add_argument("--verify", action="store_true", help="hash every file, not only new ones")
+    p.add_argument("--progress-json", action="store_true", help=argparse.SUPPRESS)  # the app's
+
+    r = sub.add_parser("rm", help="delete a preset's or repo's files from the cache")
+    r.add_argument("name")
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    memory = hub.memory_bytes()
+    have = {i.repo: i for i in hub.installed()}
+    rows = []
+    for p in hub.presets():
+        ready = hub.missing(p.name) is None
+        rows.append({"name": p.name, "title": p.title, "target": p.target,
+                     "drafter": p.drafter or (f"MTP from {p.mtp_from}" if p.mtp_from else "-"),
+                     "kind": p.drafter_kind, "loadable": p.loadable,
+                     "download_gb": p.download_gb, "ram_gb": p.ram_gb, "tier_gb": p.tier_gb,
+                     "fits": hub.fits(p, memory), "downloaded": ready})
+    if args.json:
+        print(json.dumps({"memory_bytes": memory, "presets": rows,
+                          "installed": [{"repo": i.repo, "bytes": i.bytes, "path": str(i.path)}
+                                        for i in have.values()]}, indent=2))
+        return 0
+    mem = f"{memory / 2**30:.0f} GB" if memory else "unknown memory"
+    print(f"Presets (this machine: {mem}; 'fits' means RAM needed <= "
+          f"{GPU_SHARE:.0%} of it, what Metal lets the GPU use by default)")
+    print(f"  {'name':<16}{'drafter':<17}{'download':>9}{'RAM':>8}  {'fits':<5}{'here':<5}"
+          "target + drafter")
+    for r in rows:
+        fits = {True: "yes", False: "no", None: "?"}[r["fits"]]
+        kind = r["kind"] + ("" if r["loadable"] else "*")
+        print(f"  {r['name']:<16}{kind:<17}{r['download_gb']:>6.1f} GB{r['ram_gb']:>5.1f} GB"
+              f"  {fits:<5}{'✓' if r['downloaded'] else '-':<5}{r['target']} + {r['drafter']}")
+    if not all(r["loadable"] for r in rows):
+        print("  * this drafter kind cannot be loaded yet: the preset runs target-only")
+    print()
+    if have:
+        print(f"Downloaded ({cache_root()}):")
+        for i in have.values():
+            print(f"  {i.repo:<56}{gb(i.bytes):>10}")
+    else:
+        print("Nothing downloaded yet: `mlx-spec pull NAME` (the bundled demo needs nothing).")
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    show = _json_progress if args.progress_json else ProgressBar()
+    launch = hub.pull(args.name, drafter=args.drafter, progress=show, verify=args.verify)
+    if args.progress_json:
+        print(json.dumps({"event": "done", "launch": launch.to_dict()}), flush=True)
+        return 0
+    show.finish()
+    for w in launch.warnings:
+        print(f"mlx-spec: warning: {w}", file=sys.stderr)
+    warn_if_too_big(args.name)
+    print(f"ready: mlx-spec chat {args.name}")
+    return 0
+
+
+def warn_if_too_big(name: str) -> None:
+    preset = hub.find(name)
+    if preset is not None and hub.fits(preset) is False:
+        memory = hub.memory_bytes() or 0
+        print(f"mlx-spec: warning: {preset.name} needs about {preset.ram_gb:.0f} GB of memory; "
+              f"this machine has {memory / 2**30:.0f} GB: expect swapping or a failed load",
+              file=sys.stderr)
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    gone = hub.remove(args.name)
+    if not gone:
+        print(f"nothing of {args.name} is downloaded")
+    for i in gone:
+        print(f"removed {i.repo} ({gb(i.bytes)})")
+    return 0
+
+
+def _json_progress(p: hub.Progress) -> None:
+    print(json.dumps({"event": "progress", **asdict(p)}), flush=True)
+
+
+class ProgressBar:
+    """One line on stderr, redrawn: repo, file, bytes, speed, ETA."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.last_repo = ""
+        self.last_print = 0.0
+
+    def __call__(self, p: hub.Progress) -> None:
+        if p.repo != self.last_repo:
+            if self.last_repo:
+                self.finish()
+            self.last_repo = p.repo
+        now = time.monotonic()
+        if not self.tty and now - self.last_print < 5:  # a log, not an animation
+            return
+        self.last_print = now
+        sys.stderr.write(("\r" if self.tty else "") + progress_line(p) + ("\x1b[K" if self.tty
+                                                                          else "\n"))
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.tty and self.last_repo:
+            sys.stderr.write("\n")
+        self.last_repo = ""
+
+
+def progress_line(p: hub.Progress) -> str:
+    if p.verifying:
+        return f"{p.repo}: checking {p.file}"
+    frac = p.done / p.total if p.total else 1.0
+    bar = "█" * int(frac * 20) + "·" * (20 - int(frac * 20))
+    eta = "" if p.eta_s is None else f", ETA {_clock(p.eta_s)}"
+    return (f"{p.repo} {bar} {frac:4.0%} {gb(p.done)}/{gb(p.total)}, "
+            f"{p.rate / 1e6:.1f} MB/s{eta}")
+
+
+def _clock(s: float) -> str:
+    s = int(s)
+    if s >= 3600:
+        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+    return f"{s // 60}:{s % 60:02d}"
