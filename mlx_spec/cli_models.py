@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict
 
 from . import hub
-from .hub.fetch import cache_root, gb
+from .hub.download import cache_root, gb
 from .hub.presets import GPU_SHARE
 
 

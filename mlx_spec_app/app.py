@@ -30,12 +30,14 @@ from mlx_spec import (
     MlxSpecError,
     Totals,
     TurnStats,
+    hub,
     user_message,
 )
 
 from .chat import Busy, Chat, LastTurn
 from .history import History
 from .keys import ACTIONS, bindings
+from .models import DEMO, DEMO_LINE, DEMO_PROMPTS, Choice, DownloadScreen, WelcomeScreen
 from .screens import HelpScreen, HistoryScreen, LoadErrorScreen, SettingsScreen
 from .settings import EngineChoice, Settings
 from .stream import EngineReady, EngineSwitched, LoadFailed
@@ -45,6 +47,7 @@ from .widgets import LEGEND, Answer, PromptInput, StatsPanel
 # needs the GIL back the moment an MLX evaluation returns; Python's default 5 ms switch interval
 # lets a UI frame in progress keep it that long. Set while the app runs, restored when it ends.
 GIL_SWITCH_S = 0.001
+NARROW = 100  # columns: below this the side panel folds away
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 
 
@@ -56,10 +59,12 @@ class SpecChatApp(App[None]):
     def __init__(self, *, model: str | None = None, drafter: str = "auto",
                  draft_model: str | None = None, mtp: str | None = None,
                  num_draft: int | str = 4, engine: EngineService | None = None,
-                 baseline: Baseline | None = None, history: History | None = None) -> None:
+                 baseline: Baseline | None = None, history: History | None = None,
+                 pull: str | None = None) -> None:
         """engine / baseline: already loaded ones (tests, the overhead script; the caller closes
-        that engine); else the app starts `model` (or the last used one, or the demo pair) in an
-        engine process of its own, and closes it on exit."""
+        that engine); else the app starts `model` (a local directory; or the last used one, or
+        on first run what the welcome screen picks) in an engine process of its own, and closes
+        it on exit. pull: a preset or hub repo to download first (the user named it)."""
         super().__init__()
         self.history = history or History()
         self.load_args: dict[str, Any] = dict(model=model, drafter=drafter,
@@ -73,6 +78,8 @@ class SpecChatApp(App[None]):
         self.totals = Totals()
         self.chat = Chat(self.history, id="chat")
         self._pending_engine: EngineChoice | None = None  # applied once the engine is idle
+        self.pull = pull
+        self.panel_shown: bool | None = None  # None: by width (folded below NARROW columns)
 
     # what the chat pane owns, read by tests and tools
     @property
@@ -110,13 +117,36 @@ class SpecChatApp(App[None]):
         sys.setswitchinterval(GIL_SWITCH_S)
         self.chat.anchor()  # follow the stream until scrolled
         self.query_one(PromptInput).focus()
-        if self._given_engine is None:
+        if self._given_engine is None and self.pull is not None:
+            self._download(self.pull)
+        elif self._given_engine is None and self._first_run():
+            self.push_screen(WelcomeScreen(first_run=True), self._chosen)
+        elif self._given_engine is None:
             self._start_load(self.load_args["model"], remembered_ok=True)
         elif self.baseline is None:
             self.set_busy(Busy.MEASURING)
             self._measure(self._given_engine)
         else:
             self.on_engine_ready(EngineReady(self._given_engine, self.baseline))
+
+    def _first_run(self) -> bool:
+        return (self.load_args["model"] is None and self.history.get("last_model") is None
+                and not self.history.get("welcomed"))
+
+    def on_resize(self) -> None:
+        self._fold()
+
+    def _fold(self) -> None:
+        """Below NARROW columns the side panel folds away (ctrl+b brings it back) and the legend
+        and status take a row each, so neither is ever cut."""
+        narrow = self.size.width < NARROW
+        self.set_class(narrow, "-narrow")
+        shown = self.panel_shown if self.panel_shown is not None else not narrow
+        self.query_one(StatsPanel).display = shown
+
+    def action_toggle_panel(self) -> None:
+        self.panel_shown = not self.query_one(StatsPanel).display
+        self._fold()
 
     def on_unmount(self) -> None:
         sys.setswitchinterval(self._switch_interval)
@@ -165,6 +195,47 @@ class SpecChatApp(App[None]):
         info = self.engine.info
         return "no drafter" if info.drafter == "none" else f"{info.drafter} k={info.num_draft}"
 
+    # -- choosing and downloading a model -------------------------------------------------------
+
+    def action_models(self) -> None:
+        if self.chat.busy and self.engine is not None:
+            self.notify("Busy: press esc to stop first.", severity="warning")
+            return
+        self.push_screen(WelcomeScreen(first_run=False), self._chosen)
+
+    def _chosen(self, choice: Choice | None) -> None:
+        self.history.set("welcomed", True)
+        if choice is None:
+            if self.engine is None:  # closed the welcome: the demo rather than an empty chat
+                self._start_load(None, remembered_ok=False)
+            return
+        if choice.name == DEMO:
+            self._start_load(None, remembered_ok=False)
+        elif choice.downloaded:
+            self._launch(hub.launch_for(choice.name))
+        else:
+            self._download(choice.name)
+
+    def _download(self, name: str) -> None:
+        self.set_busy(Busy.LOADING, f"downloading {name}")
+        self.push_screen(DownloadScreen(name), self._pulled)
+
+    def _pulled(self, launch: hub.Launch | None) -> None:
+        if launch is not None:
+            self._launch(launch)
+        elif self.engine is None:
+            self.notify("Download stopped; what arrived resumes next time.", timeout=8)
+            self.push_screen(WelcomeScreen(first_run=False), self._chosen)
+        else:
+            self.set_busy(Busy.IDLE)
+
+    def _launch(self, launch: hub.Launch) -> None:
+        for warning in launch.warnings:
+            self.notify(warning, severity="warning", timeout=10)
+        self.load_args.update(drafter=launch.drafter, num_draft=self.load_args["num_draft"],
+                              draft_model=_path(launch.draft_model), mtp=_path(launch.mtp))
+        self._start_load(str(launch.target), remembered_ok=False)
+
     # -- loading -------------------------------------------------------------------------------
 
     def _start_load(self, model: str | None, *, remembered_ok: bool) -> None:
@@ -204,6 +275,11 @@ class SpecChatApp(App[None]):
         self.post_message(EngineReady(engine, engine.measure_baseline()))
 
     def on_engine_ready(self, msg: EngineReady) -> None:
+        if self.engine is not None and self.engine is not msg.engine:
+            if self.engine is not self._given_engine:
+                self.engine.close()  # another model was chosen: the old one goes
+            self.totals = Totals()
+            self.chat.clear()
         engine = self.engine = msg.engine
         self.baseline = msg.baseline
         if msg.load_args is not None:  # remember what loaded (None: the demo pair)
@@ -213,6 +289,9 @@ class SpecChatApp(App[None]):
         self.sub_title = engine.info.target
         self._show_engine()
         self.set_busy(Busy.IDLE)
+        if msg.load_args is not None and msg.load_args["model"] is None and not self.messages:
+            self.chat.note(f"This is {DEMO_LINE}. Try: {' · '.join(DEMO_PROMPTS)}  "
+                           "(ctrl+l: other models)")
 
     def _show_engine(self) -> None:
         assert self.engine is not None
@@ -372,6 +451,10 @@ class SpecChatApp(App[None]):
         self.push_screen(HelpScreen())
 
 
+def _path(p: Path | None) -> str | None:
+    return str(p) if p is not None else None
+
+
 def _remembered(args: dict[str, Any]) -> dict[str, str | None]:
     """The model to reopen next time: local paths made absolute, hub ids kept as they are."""
 
@@ -383,10 +466,10 @@ def _remembered(args: dict[str, Any]) -> dict[str, str | None]:
 
 
 def run_app(*, model: str | None = None, drafter: str = "auto", draft_model: str | None = None,
-            mtp: str | None = None, num_draft: int | str = 4) -> int:
+            mtp: str | None = None, num_draft: int | str = 4, pull: str | None = None) -> int:
     """`mlx-spec` / `mlx-spec chat [MODEL]`. Exit code 2 when the model did not load."""
     app = SpecChatApp(model=model, drafter=drafter, draft_model=draft_model, mtp=mtp,
-                      num_draft=num_draft)
+                      num_draft=num_draft, pull=pull)
     try:
         app.run()
     finally:

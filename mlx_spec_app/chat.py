@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 
 from textual import work
 from textual.containers import VerticalScroll
+from textual.content import Content
 from textual.message import Message
 from textual.timer import Timer
+from textual.widgets import Static
 
 from mlx_spec import TokenEvent, TurnEnd, TurnStats, user_message
 
@@ -151,6 +153,10 @@ class Chat(VerticalScroll):
     def clear(self) -> None:
         self.messages, self.conversation, self.last_turn = [], None, None
         self.remove_children()
+
+    def note(self, text: str) -> None:
+        """A line from the app (what the demo is), not part of the conversation."""
+        self.mount(Static(Content(text), classes="note"))
 
     def open(self, conversation: int) -> None:
         """Show a saved conversation (the engine re-prefills it on the next turn by itself)."""

@@ -2,7 +2,8 @@
 
 Imports no MLX at module level: the app's process may fetch without loading an engine."""
 
-from .fetch import Cancelled, DownloadError, Progress, fetch, local_snapshot
+from .child import PullProcess
+from .download import Cancelled, DownloadError, Progress, fetch, gb, local_snapshot
 from .presets import Preset, UnknownPresetError, find, fits, memory_bytes, presets
 from .pull import (
     Installed,
@@ -18,6 +19,7 @@ from .pull import (
 
 __all__ = [
     "Cancelled", "DownloadError", "Installed", "Launch", "NotDownloaded", "Preset", "Progress",
+    "PullProcess", "gb",
     "UnknownPresetError", "fetch", "find", "fits", "installed", "launch_for", "local_snapshot",
     "memory_bytes", "missing", "presets", "pull", "remove", "resolve",
 ]

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from .fetch import Cancelled, DownloadError, Progress
+from .download import Cancelled, DownloadError, Progress
 from .pull import Launch
 
 

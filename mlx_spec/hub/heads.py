@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 from ..paths import data_dir
-from .fetch import DownloadError, ProgressFn, fetch
+from .download import DownloadError, ProgressFn, fetch
 from .remote import RangeReader, write_safetensors
 
 INDEX = "model.safetensors.index.json"

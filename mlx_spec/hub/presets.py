@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import MlxSpecError
 
 PRESETS_FILE = Path(__file__).with_name("presets.toml")
+PRESETS_ENV = "MLX_SPEC_PRESETS"  # a presets file of one's own instead of the bundled one
 LOADABLE = {"mtp", "draft", "none"}  # drafter kinds the engine loads today
 # Metal's recommended working set is about 2/3 of unified memory on 8-32 GB Macs (Rapid-MLX's
 # guide derives 10.3 GB on 18 GB from max_recommended_working_set_size); iogpu.wired_limit_mb
@@ -49,10 +50,17 @@ class UnknownPresetError(MlxSpecError):
     pass
 
 
-@cache
 def presets() -> tuple[Preset, ...]:
-    raw = tomllib.loads(PRESETS_FILE.read_text())
-    return tuple(Preset(**entry) for entry in raw["preset"])
+    return _load(os.environ.get(PRESETS_ENV) or str(PRESETS_FILE))
+
+
+@cache
+def _load(path: str) -> tuple[Preset, ...]:
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+        return tuple(Preset(**entry) for entry in raw["preset"])
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as e:
+        raise MlxSpecError(f"cannot read the presets file {path}: {e}") from e
 
 
 def find(name: str) -> Preset | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..errors import MlxSpecError, TokenizerMismatchError
 from . import heads
-from .fetch import DownloadError, ProgressFn, fetch, local_snapshot
+from .download import DownloadError, ProgressFn, cache_root, fetch, local_snapshot
 from .presets import Preset, UnknownPresetError, find, looks_like_repo, presets
 
 
@@ -143,9 +143,11 @@ def _launch(plan: Plan, get, head, readme) -> Launch:
             return Launch(plan.name, target, drafter="mtp", mtp=d)
         _check_tokenizers(target, d, plan)
         return Launch(plan.name, target, drafter="draft", draft_model=d)
+    if plan.mtp_from:  # the preset says where the head is (and the app needs no MLX to know)
+        return Launch(plan.name, target, drafter="mtp", mtp=head(plan.mtp_from))
     if not _needs_head(target):
         return Launch(plan.name, target)  # auto: the model's own head, if its checkpoint has one
-    original = plan.mtp_from or base_model(readme(plan.target))
+    original = base_model(readme(plan.target))
     if original is None:
         warnings.append(f"{plan.target} dropped its MTP head and its card names no original "
                         "checkpoint; pass --drafter REPO (a sidecar head or a draft model)")
@@ -181,7 +183,7 @@ def _readme(repo: str, progress, cancel) -> str:
 
 
 def _cached_readme(repo: str) -> str:
-    path = local_snapshot(repo, ["README.md", "config.json"])
+    path = local_snapshot(repo)
     return _read_text(path / "README.md") if path else ""
 
 
@@ -228,23 +230,21 @@ class Installed:
 
 
 def installed() -> list[Installed]:
-    """Every model repo in the hub cache, with its size on disk, and each extracted MTP head."""
-    from huggingface_hub import scan_cache_dir
-
+    """Every model repo in the hub cache with its size on disk, and each extracted MTP head."""
     out: list[Installed] = []
-    try:
-        info = scan_cache_dir()
-        out += [Installed(r.repo_id, r.size_on_disk, Path(r.repo_path)) for r in info.repos
-                if r.repo_type == "model"]
-    except Exception:  # no cache yet
-        pass
-    root = heads.heads_root()
-    if root.is_dir():
-        for d in sorted(root.iterdir()):
-            if (d / heads.SOURCE).exists():
-                size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
-                out.append(Installed(f"{d.name.replace('--', '/')} (MTP head)", size, d))
+    root = cache_root()
+    for d in sorted(root.glob("models--*")) if root.is_dir() else []:
+        out.append(Installed(d.name.removeprefix("models--").replace("--", "/"), _size(d), d))
+    heads_root = heads.heads_root()
+    for d in sorted(heads_root.iterdir()) if heads_root.is_dir() else []:
+        if (d / heads.SOURCE).exists():
+            out.append(Installed(f"{d.name.replace('--', '/')} (MTP head)", _size(d), d))
     return sorted(out, key=lambda i: i.repo.lower())
+
+
+def _size(d: Path) -> int:
+    """Bytes on disk under d, each file once (snapshots link to blobs)."""
+    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
 
 
 def remove(name: str) -> list[Installed]:
@@ -255,7 +255,7 @@ def remove(name: str) -> list[Installed]:
     for original in {plan.mtp_from, base_model(_cached_readme(plan.target))} - {None}:
         d = heads.extracted_head(original)
         if d is not None:
-            gone.append(Installed(f"{original} (MTP head)", 0, d))
+            gone.append(Installed(f"{original} (MTP head)", _size(d), d))
     for i in gone:
         shutil.rmtree(i.path)
     return gone

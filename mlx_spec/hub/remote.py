@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .fetch import DownloadError, describe_failure
+from .download import DownloadError, describe_failure
 
 HEAD_PROBE = 100_000  # most headers fit in the first 100 kB: one request instead of two
 
@@ -27,6 +27,7 @@ class Header:
     data_start: int  # 8 + N
     tensors: dict[str, dict]  # name -> {"dtype", "shape", "data_offsets": [begin, end]}
     metadata: dict
+    probe: bytes = b""  # the file's first bytes, as read for the header (tensors may be in it)
 
 
 class RangeReader:
@@ -67,7 +68,7 @@ class RangeReader:
         except ValueError as e:
             raise DownloadError(f"{self.repo}/{file} is not a safetensors file") from e
         metadata = table.pop("__metadata__", {}) or {}
-        return Header(self.repo, file, 8 + n, table, metadata)
+        return Header(self.repo, file, 8 + n, table, metadata, first)
 
     def tensors(self, header: Header, names: list[str]) -> dict[str, bytes]:
         """The raw bytes of `names`, one request per run of adjacent tensors."""
@@ -77,7 +78,8 @@ class RangeReader:
         for span in [*spans, None]:
             if run and (span is None or span[0][0] != run[-1][0][1]):
                 start, end = run[0][0][0], run[-1][0][1]
-                blob = self.get(header.file, header.data_start + start, header.data_start + end)
+                a, b = header.data_start + start, header.data_start + end
+                blob = header.probe[a:b] if b <= len(header.probe) else self.get(header.file, a, b)
                 for (b, e), n in run:
                     out[n] = blob[b - start : e - start]
                 run = []
