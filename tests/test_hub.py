@@ -338,3 +338,33 @@ def test_rm_frees_what_a_preset_downloaded(server, capsys):
     assert CONVERSION in out and "MTP head" in out
     assert hub.missing("tiny-extract") is not None
     assert not heads.head_dir(ORIGINAL).exists()
+
+
+async def test_chat_preset_downloads_in_the_app_then_answers(server, tmp_path, monkeypatch):
+    """`mlx-spec chat tiny-pair` with nothing downloaded: the app's download screen (a child
+    `mlx-spec pull` process against the local hub), then the engine loads and answers."""
+    from mlx_spec_app.app import SpecChatApp
+    from mlx_spec_app.history import History
+    from mlx_spec_app.models import DownloadScreen
+    from mlx_spec_app.widgets import Answer, PromptInput
+
+    monkeypatch.setenv("MLX_SPEC_ENGINE", "thread")
+    app = SpecChatApp(pull="tiny-pair", num_draft=3, history=History(tmp_path / "h.sqlite3"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        saw_screen = False
+        for _ in range(1200):
+            saw_screen |= isinstance(app.screen, DownloadScreen)
+            if app.engine is not None and not app.busy:
+                break
+            await pilot.pause(0.05)
+        assert saw_screen and app.engine is not None, app.busy
+        assert app.engine.info.drafter == "draft" and app.sub_title == TARGET
+        app.query_one(PromptInput).text = "def f("
+        await pilot.press("enter")
+        for _ in range(600):
+            if not app.busy:
+                break
+            await pilot.pause(0.05)
+        answer = app.query(Answer).last()
+        assert answer.text and answer.stats is not None
+    assert hub.missing("tiny-pair") is None  # downloaded into the test's cache

@@ -6,10 +6,12 @@ the demo pair is retrained from time to time."""
 from __future__ import annotations
 
 import pytest
+from textual.widgets import OptionList
 
 from mlx_spec import EngineInThread, EngineProcess
 from mlx_spec_app.app import SpecChatApp
 from mlx_spec_app.history import History
+from mlx_spec_app.models import WelcomeScreen
 from mlx_spec_app.screens import HistoryScreen, LoadErrorScreen, SettingsScreen
 from mlx_spec_app.settings import EngineChoice, Settings
 from mlx_spec_app.widgets import STOPPED, Answer, PromptInput, StatsPanel, UserMessage
@@ -227,13 +229,40 @@ async def test_load_failure_shows_one_line_and_exits_2(home):
 
 
 async def test_the_app_runs_its_own_engine_in_a_child_process(home):
-    """The default path (no engine handed in): EngineProcess started, used, closed on exit."""
+    """The default path (no engine handed in): the first run welcomes, the demo is its first
+    choice; EngineProcess started, used, closed on exit."""
     app = SpecChatApp(num_draft=3)
     async with app.run_test(size=SIZE) as pilot:
+        while not isinstance(app.screen, WelcomeScreen):
+            await pilot.pause(0.05)
+        first = app.screen.query_one(OptionList).get_option_at_index(0)
+        assert "2.4M-parameter code model" in str(first.prompt)
+        await pilot.press("enter")  # the demo
+        await pilot.pause(0.1)
         await idle(pilot, timeout=60)  # start the child, load, measure the baseline
+        assert "does not chat" in str(app.query_one(".note").render())
         assert isinstance(app.engine, EngineProcess)
         child = app.engine._process
         answer = await send(pilot, "def add(a, b):")
         assert answer.text and set(answer.kinds) - {"target"} and answer.stats is not None
         assert "speedup" in str(answer.query_one(".stats").render())
     assert child.wait(5) == 0  # the app closed its engine
+
+
+async def test_at_80x24_the_panel_folds_and_the_legend_is_whole(engine, baseline, home):
+    app = make_app(engine, baseline)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await send(pilot, "def add(a, b):")
+        panel = app.query_one(StatsPanel)
+        assert not panel.display
+        legend = app.query_one("#legend")
+        assert legend.size.width >= len(str(legend.render()))  # never cut
+        status = app.query_one("#status")
+        assert status.size.width >= len(str(status.render()).rstrip())
+        await pilot.press("ctrl+b")
+        await pilot.pause()
+        assert panel.display and legend.size.width >= len(str(legend.render()))
+        await pilot.press("ctrl+b")
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        assert not panel.display  # the user folded it: it stays folded when wide

@@ -36,6 +36,11 @@ def test_chat_after_one_turn(snap_compare, home):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=one_turn)
 
 
+def test_chat_at_80x24(snap_compare, home):
+    """macOS Terminal's default size: the panel folds away, legend and status stay whole."""
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=one_turn)
+
+
 def test_chat_without_highlighting(snap_compare, home):
     async def run(pilot):
         await one_turn(pilot)
