@@ -162,7 +162,7 @@ def fetch(repo: str, *, patterns: Iterable[str] = MODEL_FILES, progress: Progres
                 _fetch_file(repo, commit, f, meter)
     _write_ref(repo, commit)
     path = repo_dir(repo) / "snapshots" / commit
-    if not (path / "config.json").exists() and not any(f.name == "README.md" for f in files):
+    if patterns == list(MODEL_FILES) and not (path / "config.json").exists():
         raise DownloadError(f"{repo} has no config.json: not a model repository")
     return path
 
@@ -179,6 +179,9 @@ def _fetch_file(repo: str, commit: str, f: RemoteFile, meter: _Meter) -> None:
     blobs.mkdir(parents=True, exist_ok=True)
     part, blob = blobs / f"{f.etag}.part", blobs / f.etag
     meter.start(f.name)
+    if blob.exists() and corruption(blob, f, meter) is None:  # another revision had it
+        _link(repo, commit, f, blob)
+        return
     for attempt in (0, 1):
         _stream(repo, commit, f, part, meter)
         problem = corruption(part, f, meter)
@@ -189,6 +192,10 @@ def _fetch_file(repo: str, commit: str, f: RemoteFile, meter: _Meter) -> None:
             raise DownloadError(f"{repo}/{f.name} is corrupt after a fresh fetch ({problem})")
         meter.note(f"{f.name} {problem}: fetching it again")
     part.replace(blob)
+    _link(repo, commit, f, blob)
+
+
+def _link(repo: str, commit: str, f: RemoteFile, blob: Path) -> None:
     link = repo_dir(repo) / "snapshots" / commit / f.name
     link.parent.mkdir(parents=True, exist_ok=True)
     if link.is_symlink() or link.exists():
