@@ -108,12 +108,14 @@ class ProgressBar:
         self.tty = sys.stderr.isatty()
         self.last_repo = ""
         self.last_print = 0.0
+        self.last: hub.Progress | None = None  # shown at the end when not a terminal
 
     def __call__(self, p: hub.Progress) -> None:
         if p.repo != self.last_repo:
             if self.last_repo:
                 self.finish()
             self.last_repo = p.repo
+        self.last = p
         now = time.monotonic()
         if not self.tty and now - self.last_print < 5:  # a log, not an animation
             return
@@ -125,7 +127,9 @@ class ProgressBar:
     def finish(self) -> None:
         if self.tty and self.last_repo:
             sys.stderr.write("\n")
-        self.last_repo = ""
+        elif self.last is not None:
+            sys.stderr.write(progress_line(self.last) + "\n")
+        self.last_repo, self.last = "", None
 
 
 def progress_line(p: hub.Progress) -> str:

@@ -160,6 +160,8 @@ def fetch(repo: str, *, patterns: Iterable[str] = MODEL_FILES, progress: Progres
                                                    f, meter)):
                 meter.note(f"{f.name} {problem}: fetching it again")
                 _fetch_file(repo, commit, f, meter)
+    if missing:
+        meter.emit(force=True)  # the last report says 100%
     _write_ref(repo, commit)
     path = repo_dir(repo) / "snapshots" / commit
     if patterns == list(MODEL_FILES) and not (path / "config.json").exists():
@@ -374,6 +376,7 @@ class _Meter:
         if self.report is None or (not force and now - self.last < self.every_s):
             return
         self.last = now
-        rate = self.done / max(now - self.began, 1e-6)
+        elapsed = now - self.began
+        rate = self.done / elapsed if elapsed > 0.5 else 0.0  # no ETA from the first instant
         self.report(Progress(self.repo, self.file, min(self.done, self.total), self.total, rate,
                              verifying))
