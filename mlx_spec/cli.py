@@ -261,9 +261,21 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from . import hub
     from .cli_models import warn_if_too_big
 
-    hub.resolve(model)  # an unknown name is one line here, before the app opens
     warn_if_too_big(model)
-    return run_app(pull=model, **options)
+    try:
+        launch = hub.launch_for(model)  # an unknown name is one line here, before the app opens
+    except hub.NotDownloaded:
+        return run_app(pull=model, **options)
+    for w in launch.warnings:
+        print(f"mlx-spec: warning: {w}", file=sys.stderr)
+    if options["drafter"] == "auto" and not options["draft_model"] and not options["mtp"]:
+        options.update(drafter=launch.drafter, draft_model=_str(launch.draft_model),
+                       mtp=_str(launch.mtp))
+    return run_app(model=str(launch.target), **options)
+
+
+def _str(path: Any) -> str | None:
+    return None if path is None else str(path)
 
 
 if __name__ == "__main__":

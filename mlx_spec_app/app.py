@@ -212,7 +212,10 @@ class SpecChatApp(App[None]):
         if choice.name == DEMO:
             self._start_load(None, remembered_ok=False)
         elif choice.downloaded:
-            self._launch(hub.launch_for(choice.name))
+            try:
+                self._launch(hub.launch_for(choice.name))
+            except MlxSpecError as e:  # e.g. removed meanwhile, or a tokenizer mismatch
+                self.notify(str(e), title="Cannot open", severity="error", timeout=10)
         else:
             self._download(choice.name)
 

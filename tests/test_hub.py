@@ -368,3 +368,19 @@ async def test_chat_preset_downloads_in_the_app_then_answers(server, tmp_path, m
         answer = app.query(Answer).last()
         assert answer.text and answer.stats is not None
     assert hub.missing("tiny-pair") is None  # downloaded into the test's cache
+
+
+def test_chat_opens_a_cached_preset_on_local_paths_and_pulls_a_missing_one(server, monkeypatch):
+    import mlx_spec_app.app as app_module
+
+    calls = []
+    monkeypatch.setattr(app_module, "run_app", lambda **kw: calls.append(kw) or 0)
+    assert main(["chat", "tiny-pair"]) == 0
+    assert calls[-1]["pull"] == "tiny-pair"  # nothing cached: the app's download screen
+    launch = hub.pull("tiny-pair")
+    before = len(server.requests)
+    assert main(["chat", "tiny-pair"]) == 0
+    assert calls[-1] == dict(model=str(launch.target), drafter="draft",
+                             draft_model=str(launch.draft_model), mtp=None, num_draft="auto")
+    assert len(server.requests) == before  # opened from the cache, no request
+    assert main(["chat", "nope"]) == 2
