@@ -9,8 +9,21 @@ from .errors import MlxSpecError
 Message = dict[str, str]  # {"role": "user" | "assistant" | "system", "content": str}
 
 
+def valid_text(text: str) -> tuple[str, bool]:
+    """`text` as valid Unicode, and whether anything had to be replaced. Bytes that are not
+    UTF-8 reach Python as lone surrogates (a shell passes argv bytes through surrogateescape, a
+    paste can carry them) and make tokenizers raise; each becomes U+FFFD, as a decoder would."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # surrogates that do not stand for bytes
+        raw = text.encode("utf-8", "surrogatepass")
+    clean = raw.decode("utf-8", "replace")
+    return clean, clean != text
+
+
 def encode_chat(tokenizer: Any, messages: list[Message]) -> list[int]:
     """The whole conversation through the model's chat template, ready for the next answer."""
+    messages = [{**m, "content": valid_text(m["content"])[0]} for m in messages]
     if getattr(tokenizer, "chat_template", None) is None:
         # no template: plain transcript, so base models still work
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
@@ -22,4 +35,4 @@ def encode_chat(tokenizer: Any, messages: list[Message]) -> list[int]:
 def encode_raw(tokenizer: Any, text: str) -> list[int]:
     if not text:
         raise MlxSpecError("the prompt is empty")
-    return list(tokenizer.encode(text))
+    return list(tokenizer.encode(valid_text(text)[0]))

@@ -6,8 +6,10 @@ Every user error ends as one line on stderr and exit code 2; no tracebacks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 import threading
 from typing import Any
@@ -17,6 +19,7 @@ from .errors import MlxSpecError
 from .kinds import DRAFTERS
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # ctrl+c, as shells report SIGINT
 KIND_COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[4;31m", "bonus": "\x1b[34m"}
 
 
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("\nmlx-spec: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def parse_num_draft(text: str) -> int | str:
@@ -141,17 +144,26 @@ def parse_num_draft(text: str) -> int | str:
     return k
 
 
+SAMPLING_FLAGS = {"temperature": "--temp", "top-p": "--top-p", "top-k": "--top-k",
+                  "min-p": "--min-p", "repetition-penalty": "--repetition-penalty"}
+
+
 def sampling_from_args(args: argparse.Namespace):
+    """A SamplingConfig; a bad value is refused naming the option (NaN and inf included)."""
     from .sampling import SamplingConfig
 
-    return SamplingConfig(
-        temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty, seed=args.seed,
-    )
+    try:
+        return SamplingConfig(
+            temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty, seed=args.seed,
+        )
+    except ValueError as e:
+        field, _, rest = str(e).partition(" ")
+        raise MlxSpecError(f"{SAMPLING_FLAGS.get(field, field)} {rest}") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .chat import encode_chat, encode_raw
+    from .chat import encode_chat, encode_raw, valid_text
     from .events import TokenEvent, TurnEnd
     from .loading import load_engine
 
@@ -159,19 +171,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     num_draft = parse_num_draft(args.num_draft)
     if not args.prompt:
         raise MlxSpecError("the prompt is empty")
+    prompt, replaced = valid_text(args.prompt)
+    if replaced:
+        print("mlx-spec: warning: the prompt had bytes that are not UTF-8; each was replaced "
+              "with U+FFFD", file=sys.stderr)
     model, drafter, draft_model, mtp = fetched(args)
     engine = load_engine(model, drafter=drafter, draft_model=draft_model, mtp=mtp,
                          num_draft=num_draft, kv_bits=args.kv_bits)
     tok = engine.tokenizer
-    ids = (encode_raw(tok, args.prompt) if args.raw
-           else encode_chat(tok, [{"role": "user", "content": args.prompt}]))
+    ids = (encode_raw(tok, prompt) if args.raw
+           else encode_chat(tok, [{"role": "user", "content": prompt}]))
     colour = sys.stdout.isatty() and not args.json and "NO_COLOR" not in os.environ
     tokens, kinds, text = [], [], []
     end: TurnEnd | None = None
     stop = threading.Event()
-    events = engine.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=stop)
-    try:
-        for ev in events:
+    with stop_on_interrupt(stop):  # ctrl+c ends the turn between rounds: partial answer + stats
+        for ev in engine.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=stop):
             if isinstance(ev, TokenEvent):
                 tokens.append(ev.token)
                 kinds.append(ev.kind.value)
@@ -180,12 +195,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     _print_fragment(ev.text, ev.kind.value, colour)
             else:
                 end = ev
-    except KeyboardInterrupt:
-        stop.set()  # the engine's caches are committed per round; finish the turn cleanly
-        for ev in events:
-            if isinstance(ev, TurnEnd):
-                end = ev
-    assert end is not None
+    assert end is not None  # generate always ends with its TurnEnd
+    code = EXIT_INTERRUPTED if stop.is_set() else 0
     if args.json:
         out = {"prompt_ids": ids, "tokens": tokens, "kinds": kinds, "text": "".join(text),
                "finish_reason": end.finish_reason, "stats": end.stats.to_dict()}
@@ -193,7 +204,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         print()
         print(summary_line(end.stats), file=sys.stderr)
-    return 0
+    return code
+
+
+@contextlib.contextmanager
+def stop_on_interrupt(stop: threading.Event):
+    """While generating: the first SIGINT sets `stop` (the engine ends the turn after the round
+    in progress, its caches committed); a second one interrupts at once."""
+
+    def handler(signum, frame) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def fetched(args: argparse.Namespace) -> tuple[Any, str, Any, Any]:

@@ -17,6 +17,7 @@ argmax, then emit the target's argmax.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -35,20 +36,23 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top-k must be >= 0, got {self.top_k}")
-        if not 0 <= self.min_p < 1:
-            raise ValueError(f"min-p must be in [0, 1), got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition penalty must be > 0, got {self.repetition_penalty}")
+        for name, ok, wanted in _VALID:
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value) or not ok(value):
+                raise ValueError(f"{name.replace('_', '-')} must be {wanted}, got {value}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+_VALID = (  # (field, test, what it must be): NaN and infinities fail every test
+    ("temperature", lambda v: v >= 0, "a number >= 0"),
+    ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("top_k", lambda v: v >= 0, ">= 0"),
+    ("min_p", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("repetition_penalty", lambda v: v > 0, "a number > 0"),
+)
 
 
 def penalize(
