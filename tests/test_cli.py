@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ARCHS
@@ -76,8 +79,11 @@ def bad_dirs(tmp_path_factory, model_dirs, tokenizer_dir):
     ("corrupt-weights", [], "cannot load model"),
     ("vocab", [], "vocabulary (500) differs"),
     ("k0", ["-k", "0"], "num-draft must be >= 1"),
-    ("temp", ["--temp", "-1"], "temperature must be >= 0"),
-    ("top-p", ["--top-p", "1.5"], "top-p must be in (0, 1]"),
+    ("temp", ["--temp", "-1"], "--temp must be a number >= 0"),
+    ("temp-nan", ["--temp", "nan"], "--temp must be a number >= 0, got nan"),
+    ("top-p", ["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    ("top-p-inf", ["--top-p", "inf"], "--top-p must be in (0, 1], got inf"),
+    ("penalty-nan", ["--repetition-penalty", "nan"], "--repetition-penalty must be"),
     ("empty", ["--prompt", ""], "prompt is empty"),
     ("too-long", ["--prompt", "def " * 700], "model's context is 512"),
 ])
@@ -106,3 +112,42 @@ def test_real_process_prints_no_traceback(model_dirs, tmp_path):
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.strip()
     assert "tok/s" in ok.stderr and "finish length" in ok.stderr
+
+
+def test_prompt_bytes_that_are_not_utf8_are_replaced_in_one_line(model_dirs):
+    """As a shell passes them: argv bytes reach Python through surrogateescape."""
+    prompt = b"a\x01b\xff\xfe c"
+    cmd = [sys.executable, "-m", "mlx_spec.cli", "generate", "--model", str(model_dirs("llama")),
+           "--prompt", os.fsdecode(prompt), "--raw", "--max-tokens", "4", "--json"]
+    r = subprocess.run(cmd, capture_output=True, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert "not UTF-8" in err and "Traceback" not in err and len(err.splitlines()) == 1
+    assert len(json.loads(r.stdout)["tokens"]) == 4
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_prints_the_partial_answer_and_exits_130(as_json):
+    """SIGINT mid-generation: the turn ends between rounds; what was generated is printed with
+    its stats (or the JSON object), exit code 130, no traceback."""
+    cmd = [sys.executable, "-u", "-m", "mlx_spec.cli", "generate", "--prompt", "def f(",
+           "--raw", "--max-tokens", "100000", *(["--json"] if as_json else [])]
+    # the bundled demo pair: a 4096-token context does not end the answer within the test
+    env = dict(os.environ, MLX_SPEC_NO_PRELOAD="1")
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    if as_json:
+        time.sleep(6)  # loaded and generating: nothing is printed before the end
+        first = b""
+    else:
+        first = p.stdout.read(1)  # the first token is out: mid-generation
+        time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    out, err = first + out, err.decode()
+    assert p.returncode == 130, err
+    assert "Traceback" not in err
+    if as_json:
+        result = json.loads(out)
+        assert result["finish_reason"] == "cancelled" and result["tokens"]
+    else:
+        assert out.strip() and "finish cancelled" in err and len(err.strip().splitlines()) == 1
