@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 from multiprocessing.connection import Connection
 
 from mlx_spec.errors import MlxSpecError, as_user_error
@@ -20,14 +19,13 @@ from mlx_spec.process import (
     MeasureBaseline,
     Ok,
     Token,
+    TurnStops,
 )
 from mlx_spec.service import EngineInThread
 
 
-def serve(recv: Connection, send: Connection) -> None:
-    stop = threading.Event()
+def serve(recv: Connection, send: Connection, stops: TurnStops) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ctrl+c is the UI's: it stops turns
-    signal.signal(signal.SIGUSR1, lambda *_: stop.set())
     service: EngineInThread | None = None
     while True:
         try:
@@ -43,8 +41,9 @@ def serve(recv: Connection, send: Connection) -> None:
             elif service is None:
                 raise MlxSpecError("no model loaded")
             elif isinstance(request, Chat):
-                stop.clear()
-                for event in service.chat(**request.__dict__, stop=stop):
+                args = dict(request.__dict__)
+                stop = stops.event(args.pop("turn"))
+                for event in service.chat(**args, stop=stop):
                     send.send(Token(event))
                 send.send(Done())
             elif isinstance(request, MeasureBaseline):
@@ -61,4 +60,4 @@ def serve(recv: Connection, send: Connection) -> None:
 
 if __name__ == "__main__":
     serve(Connection(int(sys.argv[1]), writable=False),
-          Connection(int(sys.argv[2]), readable=False))
+          Connection(int(sys.argv[2]), readable=False), TurnStops(int(sys.argv[3])))

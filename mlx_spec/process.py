@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,7 @@ class Chat:
     max_tokens: int
     sampling: SamplingConfig | None
     target_only: bool
+    turn: int  # what a stop names: a stop for turn n never touches turn n + 1
 
 
 @dataclass(frozen=True)
@@ -91,14 +93,55 @@ Reply = Ok | Token | Done | Failed
 _POLL_S = 0.05  # how often a waiting parent looks at its stop flag and at the child
 
 
+class TurnStops:
+    """The child's end of the stop pipe: the parent writes the number of each turn it stops (8
+    bytes, little-endian); `stopped(turn)` reads what has arrived, without blocking, and says
+    whether that turn was stopped. Turn numbers only grow, so the highest one read is all there
+    is to keep: a stop written before its turn began still stops it (it is never cleared), and
+    one for an earlier turn never stops a later one."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd, self.highest, self._pending = fd, 0, b""
+
+    def stopped(self, turn: int) -> bool:
+        try:
+            while chunk := os.read(self.fd, 4096):
+                self._pending += chunk
+        except BlockingIOError:
+            pass
+        while len(self._pending) >= 8:
+            (n,) = struct.unpack("<q", self._pending[:8])
+            self._pending = self._pending[8:]
+            self.highest = max(self.highest, n)
+        return self.highest >= turn
+
+    def event(self, turn: int) -> _TurnStop:
+        return _TurnStop(self, turn)
+
+
+@dataclass(frozen=True)
+class _TurnStop:
+    """The stop flag the engine polls between rounds, for one turn."""
+
+    stops: TurnStops
+    turn: int
+
+    def is_set(self) -> bool:
+        return self.stops.stopped(self.turn)
+
+
 class EngineProcess:
     """The engine in a child process (a fresh interpreter: nothing of the parent's __main__ is
-    re-imported). Same API as EngineInThread. Stopping a turn is a SIGUSR1, which the child
-    turns into the engine's stop flag; a dead child becomes a one-line MlxSpecError."""
+    re-imported). Same API as EngineInThread. Stopping a turn writes its number to a stop pipe
+    the child's engine polls between rounds (TurnStops); a dead child becomes a one-line
+    MlxSpecError."""
 
     def __init__(self, process: subprocess.Popen, send: Connection, recv: Connection,
-                 log: IO[bytes]) -> None:
+                 log: IO[bytes], stop_fd: int) -> None:
         self._process, self._send_conn, self._recv_conn, self._log = process, send, recv, log
+        self._stop_fd = stop_fd
+        self._turn = 0
         self._lock = threading.Lock()
         self._info = EngineInfo("", "none", 0, ())
 
@@ -109,15 +152,17 @@ class EngineProcess:
         """Start the child and load there; returns when loaded. Raises MlxSpecError."""
         to_child, from_parent = os.pipe()[::-1]  # (write end, read end)
         from_child, to_parent = os.pipe()
+        stop_read, stop_write = os.pipe()
         log = tempfile.TemporaryFile()  # the child's stderr: its last line explains a crash
         process = subprocess.Popen(
-            [sys.executable, "-m", "mlx_spec._child", str(from_parent), str(to_parent)],
-            pass_fds=(from_parent, to_parent), stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "mlx_spec._child", str(from_parent), str(to_parent),
+             str(stop_read)],
+            pass_fds=(from_parent, to_parent, stop_read), stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=log)
-        os.close(from_parent)
-        os.close(to_parent)
+        for fd in (from_parent, to_parent, stop_read):
+            os.close(fd)
         service = cls(process, Connection(to_child, readable=False),
-                      Connection(from_child, writable=False), log)
+                      Connection(from_child, writable=False), log, stop_write)
         try:
             service._info = service._call(Load(model, drafter, draft_model, mtp, num_draft))
         except MlxSpecError:
@@ -141,12 +186,14 @@ class EngineProcess:
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
              target_only: bool = False) -> Iterator[Event]:
         with self._lock:
-            self._send(Chat(messages, max_tokens, sampling, target_only))
+            self._turn += 1
+            turn = self._turn
+            self._send(Chat(messages, max_tokens, sampling, target_only, turn))
             signalled, finished = False, False
             try:
                 while True:
                     if stop is not None and stop.is_set() and not signalled:
-                        self._process.send_signal(signal.SIGUSR1)  # checked between rounds
+                        self._stop(turn)  # checked between rounds
                         signalled = True
                     if not self._wait():
                         continue
@@ -165,7 +212,7 @@ class EngineProcess:
     def _abandon(self) -> None:
         """The caller stopped reading mid-turn: stop the turn and drop the rest of its events,
         so the next request reads its own answer."""
-        self._process.send_signal(signal.SIGUSR1)
+        self._stop(self._turn)
         try:
             while True:
                 while not self._wait():
@@ -179,7 +226,7 @@ class EngineProcess:
         """Ask the child to exit; end it if it has not within a few seconds."""
         if self._process.poll() is None:
             try:
-                self._process.send_signal(signal.SIGUSR1)  # a turn in progress ends first
+                self._stop(self._turn)  # a turn in progress ends first
                 self._send_conn.send(Close())
                 self._process.wait(5)
             except (OSError, subprocess.TimeoutExpired):
@@ -187,7 +234,18 @@ class EngineProcess:
                 self._process.wait()
         for c in (self._send_conn, self._recv_conn):
             c.close()
+        os.close(self._stop_fd)
         self._log.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def _stop(self, turn: int) -> None:
+        try:
+            os.write(self._stop_fd, struct.pack("<q", turn))
+        except OSError:  # the child is gone; its death is reported where it is read
+            pass
 
     # the pipes
 

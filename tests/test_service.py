@@ -97,6 +97,19 @@ def test_a_turn_abandoned_mid_stream_does_not_leak_into_the_next(process):
     assert end.stats.generated_tokens == len(tokens) <= 12
 
 
+def test_a_stop_in_the_same_instant_as_the_message_is_not_lost_nor_leaks(process):
+    """The stop is tied to its turn: set before the request is even read, it still stops that
+    turn; written again after that turn ended, it does not touch the next one."""
+    stop = threading.Event()
+    stop.set()  # esc pressed as the message went out
+    tokens, end = turn(process, max_tokens=200, stop=stop)
+    assert end.finish_reason == "cancelled" and len(tokens) <= 9  # at most one round
+    process._stop(process._turn)  # a late, duplicate stop for the turn that ended
+    tokens, end = turn(process, max_tokens=40)
+    assert end.finish_reason in ("length", "stop") and end.stats.generated_tokens > 0
+    assert end.finish_reason != "cancelled"
+
+
 def test_load_failure_and_a_dying_child_are_one_line_errors(tmp_path):
     with pytest.raises(ModelLoadError) as e:
         EngineProcess.start(model=str(tmp_path / "missing"))
@@ -106,6 +119,7 @@ def test_load_failure_and_a_dying_child_are_one_line_errors(tmp_path):
     child.kill()
     with pytest.raises(MlxSpecError, match="ended unexpectedly .killed by SIGKILL"):
         turn(service, max_tokens=8)
+    assert not service.alive
     service.close()
     assert child.poll() is not None
 
