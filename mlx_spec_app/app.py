@@ -331,6 +331,17 @@ class SpecChatApp(App[None]):
             pending, self._pending_engine = self._pending_engine, None
             self._switch(pending)
 
+    def restart_if_dead(self) -> None:
+        """A turn failed because the engine process died (out of memory, killed): start a new
+        one on the same model, so the chat goes on without restarting the app."""
+        if self.engine is None or getattr(self.engine, "alive", True):
+            return
+        dead, self.engine = self.engine, None
+        if dead is not self._given_engine:
+            dead.close()
+        self.notify("Starting the engine again…", timeout=6)
+        self._start_load(self.load_args["model"], remembered_ok=False)
+
     def give_back(self, text: str) -> None:
         """A message that was not sent goes back into the empty prompt."""
         prompt = self.query_one(PromptInput)

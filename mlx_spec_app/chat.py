@@ -282,6 +282,7 @@ class Chat(VerticalScroll):
                 self.conversation = None
         self.spec_app.set_busy(Busy.IDLE)
         self.notify(text, title=title, severity="error", timeout=10)
+        self.spec_app.restart_if_dead()
 
 
 def race_line(spec: TurnEnd, plain: TurnEnd, greedy: bool) -> str:

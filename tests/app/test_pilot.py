@@ -266,3 +266,29 @@ async def test_at_80x24_the_panel_folds_and_the_legend_is_whole(engine, baseline
         await pilot.resize_terminal(120, 40)
         await pilot.pause()
         assert not panel.display  # the user folded it: it stays folded when wide
+
+
+async def test_a_killed_engine_ends_the_turn_in_one_line_and_is_started_again(home):
+    from mlx_spec.assets import demo_model
+
+    app = SpecChatApp(model=str(demo_model()), num_draft=3)
+    async with app.run_test(size=SIZE) as pilot:
+        await idle(pilot, timeout=60)
+        first = app.engine
+        assert isinstance(first, EngineProcess)
+        app.settings = Settings(max_tokens=2000)
+        app.query_one(PromptInput).text = "def add(a, b):"
+        await pilot.press("enter")
+        while not app.chat.answer or not app.chat.answer.text:
+            await pilot.pause(0.02)
+        first._process.kill()  # the OOM killer, mid-answer
+        for _ in range(1200):
+            if app.engine is not None and app.engine is not first and not app.busy:
+                break
+            await pilot.pause(0.05)
+        assert isinstance(app.engine, EngineProcess) and app.engine.alive
+        notes = [str(n.message) for n in app._notifications]
+        assert any("ended unexpectedly" in n and "\n" not in n for n in notes), notes
+        app.settings = Settings(max_tokens=16)
+        answer = await send(pilot, "def sub(a, b):")
+        assert answer.text and answer.stats is not None
