@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 # Where each public name lives. Imported on first use (PEP 562): a UI process that only drives an
 # EngineProcess never imports mlx-lm (2+ seconds and ~100 MB here), only the child does.
 _HOME = {
-    "encode_chat": "chat", "encode_raw": "chat",
+    "encode_chat": "chat", "encode_raw": "chat", "valid_text": "chat",
     "DRAFTERS": "kinds", "Engine": "engine",
     "MlxSpecError": "errors", "ModelLoadError": "errors", "PromptTooLongError": "errors",
     "TokenizerMismatchError": "errors", "UnsupportedModelError": "errors",
@@ -40,7 +40,7 @@ __all__ = [  # == sorted(_HOME) (a test checks): written out for tools that read
     "TokenEvent", "TokenizerMismatchError", "Totals", "TurnEnd", "TurnStats",
     "UnsupportedModelError",
     "encode_chat", "encode_raw", "find_mtp_head", "load_engine", "load_target", "make_drafter",
-    "measure_baseline", "user_message",
+    "measure_baseline", "user_message", "valid_text",
 ]
 
 
@@ -57,7 +57,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .chat import encode_chat, encode_raw
+    from .chat import encode_chat, encode_raw, valid_text
     from .engine import Engine
     from .errors import (
         MlxSpecError,

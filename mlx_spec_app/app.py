@@ -32,6 +32,7 @@ from mlx_spec import (
     TurnStats,
     hub,
     user_message,
+    valid_text,
 )
 
 from .chat import Busy, Chat, LastTurn
@@ -117,6 +118,7 @@ class SpecChatApp(App[None]):
         sys.setswitchinterval(GIL_SWITCH_S)
         self.chat.anchor()  # follow the stream until scrolled
         self.query_one(PromptInput).focus()
+        self.show_history_notice()
         if self._given_engine is None and self.pull is not None:
             self._download(self.pull)
         elif self._given_engine is None and self._first_run():
@@ -315,15 +317,24 @@ class SpecChatApp(App[None]):
     # -- turns (the chat pane owns them) -------------------------------------------------------
 
     def on_prompt_input_submitted(self, msg: PromptInput.Submitted) -> None:
-        text = msg.text.rstrip()
+        text, replaced = valid_text(msg.text.rstrip())
+        if replaced:
+            self.notify("The message had characters that are not valid Unicode (bytes that "
+                        "are not UTF-8); each was replaced with U+FFFD.", severity="warning")
         if not text.strip():
             self.notify("Empty message: nothing to send.", severity="warning")
             return
         if self.chat.send(text, self.sub_title):
             self.query_one(PromptInput).clear()
 
+    def show_history_notice(self) -> None:
+        """The history file's one-line problem (damaged and replaced, or not being saved)."""
+        if notice := self.history.take_notice():
+            self.notify(notice, title="History", severity="warning", timeout=15)
+
     def turn_ended(self, stats: TurnStats) -> None:
         """Called by the chat when a turn finished: totals, then any engine change waiting."""
+        self.show_history_notice()
         self.totals.add(stats)
         self.query_one(StatsPanel).show_totals(self.totals, self.baseline)
         self.set_busy(Busy.IDLE)

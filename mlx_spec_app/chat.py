@@ -10,6 +10,7 @@ drained on a paced timer (stream.py), turn ends and failures come back as messag
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -23,10 +24,12 @@ from textual.widgets import Static
 
 from mlx_spec import TokenEvent, TurnEnd, TurnStats, user_message
 
-from .history import History
+from .history import COMPLETE, STOPPED, STREAMING, History
 from .settings import Settings
 from .stream import FramePacer, TokenBuffer
-from .widgets import Answer, UserMessage, stats_line
+from .widgets import INTERRUPTED, Answer, UserMessage, stats_line
+
+SAVE_EVERY_S = 1.0  # the streaming answer is written at most this often (kill -9 loses less)
 
 if TYPE_CHECKING:
     from .app import SpecChatApp
@@ -81,6 +84,8 @@ class Chat(VerticalScroll):
         self.busy = Busy.LOADING
         self.detail = ""  # e.g. the model being loaded
         self._sent: tuple[str, int] | None = None  # (text, message id) of an unanswered send
+        self._saving: int | None = None  # the row of the answer streaming now
+        self._saved_at = 0.0
         self.buffer = TokenBuffer()
         self.pacer = FramePacer()
         self._flush_timer: Timer | None = None
@@ -173,8 +178,11 @@ class Chat(VerticalScroll):
         answer.extend([(text, kind) for text, kind in m["kinds"] or [[m["content"], "target"]]])
         stats = TurnStats.from_dict(m["stats"]) if m["stats"] else None
         # no speedup: the baseline measured now is not the one the answer was timed against
-        answer.finish(stats, (stats_line(stats, None) + " · saved") if stats else "saved")
-        answer.partial = m["partial"]
+        if m["partial"] == STREAMING:  # the app ended while this answer streamed
+            answer.finish(None, f"{INTERRUPTED} · saved as far as it got")
+        else:
+            answer.finish(stats, (stats_line(stats, None) + " · saved") if stats else "saved")
+        answer.partial = m["partial"] != COMPLETE
         return answer
 
     # -- a turn --------------------------------------------------------------------------------
@@ -188,6 +196,10 @@ class Chat(VerticalScroll):
         self.mount(self.answer)
         self.anchor()
         self.buffer.drain()
+        if self.conversation is not None:  # saved as it streams: a killed app keeps it
+            self._saving = self.history.add_message(self.conversation, "assistant", "",
+                                                    partial=STREAMING)
+            self._saved_at = time.monotonic()
         self.stop_event = threading.Event()  # one per turn: a late esc cannot stop the next
         self.spec_app.set_busy(Busy.GENERATING)
         settings = self.spec_app.settings
@@ -229,6 +241,10 @@ class Chat(VerticalScroll):
         if self.answer is None or not len(self.buffer):
             return
         self.answer.extend(self.buffer.drain())  # only the answer's live tail is redrawn
+        if self._saving is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+            self.history.update_message(self._saving, self.answer.text, kinds=self.answer.runs,
+                                        partial=STREAMING)
+            self._saved_at = time.monotonic()
 
     def on_turn_finished(self, msg: TurnFinished) -> None:
         msg.stop()  # handled here; the app hears of it through turn_ended / set_busy
@@ -246,11 +262,12 @@ class Chat(VerticalScroll):
         if answer is not None:
             answer.finish(s, stats_line(s, self.spec_app.baseline))
             self.messages.append({"role": "assistant", "content": answer.text})
-            if self.conversation is not None:
-                self.history.add_message(self.conversation, "assistant", answer.text,
-                                         kinds=answer.runs, stats=s.to_dict(),
-                                         partial=answer.partial)
+            if self._saving is not None:
+                self.history.update_message(self._saving, answer.text, kinds=answer.runs,
+                                            stats=s.to_dict(),
+                                            partial=STOPPED if answer.partial else COMPLETE)
             self.last_turn = LastTurn(self.engine_messages()[:-1], end, answer)
+        self._saving = None
         self._sent = None
         self.spec_app.turn_ended(s)
 
@@ -270,6 +287,9 @@ class Chat(VerticalScroll):
         if self.answer is not None:
             self.answer.remove()
             self.answer = None
+        if self._saving is not None:
+            self.history.delete_message(self._saving)
+            self._saving = None
         if self._sent is not None:
             sent, mid = self._sent
             self._sent = None

@@ -41,6 +41,7 @@ LEGEND = Content(" ").join(  # short: it shares one row with the status (f1 expl
     Content.styled(f"■ {kind}", KIND_STYLE[kind] or "$text-muted") for kind in KIND_STYLE
 )
 STOPPED = "[stopped]"
+INTERRUPTED = "[interrupted]"  # the app ended (killed, crashed) while the answer streamed
 
 
 def stats_line(s: TurnStats, baseline: Baseline | None) -> str:

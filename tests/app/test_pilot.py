@@ -292,3 +292,25 @@ async def test_a_killed_engine_ends_the_turn_in_one_line_and_is_started_again(ho
         app.settings = Settings(max_tokens=16)
         answer = await send(pilot, "def sub(a, b):")
         assert answer.text and answer.stats is not None
+
+
+async def test_the_app_says_so_in_one_line_and_chats_on(engine, baseline, home):
+    (home / "history.sqlite3").write_bytes(b"\x00garbage" * 500)
+    app = make_app(engine, baseline)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        notes = [str(n.message) for n in app._notifications]
+        assert any("damaged" in n for n in notes), notes
+        answer = await send(pilot, "def add(a, b):")
+        assert answer.text
+    assert History(home / "history.sqlite3").conversations()  # the fresh file saves
+
+
+async def test_a_message_with_bytes_that_are_not_utf8_is_replaced_with_a_notice(engine, baseline,
+                                                                               home):
+    app = make_app(engine, baseline)
+    async with app.run_test(size=SIZE) as pilot:
+        answer = await send(pilot, "def f(\udcff\udcfe):")  # as surrogateescape carries 0xff 0xfe
+        assert answer.text and answer.stats is not None
+        assert app.messages[0]["content"] == "def f(\ufffd\ufffd):"
+        assert any("not valid Unicode" in str(n.message) for n in app._notifications)
