@@ -15,11 +15,12 @@ import threading
 from typing import Any
 
 from .cli_models import add_commands as add_hub_commands
-from .errors import MlxSpecError
+from .errors import MlxSpecError, user_message
 from .kinds import DRAFTERS
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # ctrl+c, as shells report SIGINT
+EXIT_FAILURE = 1  # anything else that went wrong (not the input)
 KIND_COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[4;31m", "bonus": "\x1b[34m"}
 
 
@@ -130,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nmlx-spec: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as e:  # a bug or the machine (out of disk, a kernel error): still one line
+        if os.environ.get("MLX_SPEC_DEBUG"):
+            raise
+        print(f"mlx-spec: error: {user_message(e, 'unexpected failure')} "
+              "(MLX_SPEC_DEBUG=1 shows where)", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 def parse_num_draft(text: str) -> int | str:

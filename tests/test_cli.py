@@ -151,3 +151,18 @@ def test_ctrl_c_prints_the_partial_answer_and_exits_130(as_json):
         assert result["finish_reason"] == "cancelled" and result["tokens"]
     else:
         assert out.strip() and "finish cancelled" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_unexpected_failure_is_one_line_too(monkeypatch, capsys):
+    import mlx_spec.cli_models as cm
+
+    def broken(args):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(cm, "cmd_models", broken)
+    assert main(["models"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Input/output error" in err and "Traceback" not in err
+    monkeypatch.setenv("MLX_SPEC_DEBUG", "1")
+    with pytest.raises(OSError):
+        main(["models"])
