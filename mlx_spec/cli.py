@@ -1,4 +1,5 @@
-"""`mlx-spec`: the app (default), `generate`, `train-drafter`, `bench`.
+"""`mlx-spec`: the app (default), `generate`, `models` / `pull` / `rm`, `train-drafter`, `bench`,
+`doctor`, `--version`.
 
 Every user error ends as one line on stderr and exit code 2; no tracebacks.
 """
@@ -61,6 +62,8 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="mlx-spec", description="Lossless speculative decoding on MLX.")
+    ap.add_argument("--version", action="store_true",
+                    help="the version of mlx-spec, MLX and mlx-lm, and the device")
     sub = ap.add_subparsers(dest="command", parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate one answer and print it")
@@ -94,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_hub_commands(sub)
 
+    d = sub.add_parser("doctor", help="what mlx-spec sees here, and how to fix what is wrong")
+    d.add_argument("--json", action="store_true")
+
     b = sub.add_parser("bench", help="side-by-side speed benchmark")
     b.add_argument("--quick", action="store_true")
     b.add_argument("--out", default="docs")
@@ -107,6 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         maybe_preload_openblas(sys.argv[1:])
     args = build_parser().parse_args(argv)
     try:
+        if args.version:
+            from .doctor import version_line
+
+            print(version_line())
+            return 0
+        if args.command == "doctor":
+            from .doctor import cmd_doctor
+
+            return cmd_doctor(args)
         if args.command == "generate":
             return cmd_generate(args)
         if args.command == "train-drafter":
