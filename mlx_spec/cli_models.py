@@ -21,6 +21,9 @@ def add_commands(sub) -> None:
     p.add_argument("name", help="a preset (see `mlx-spec models`) or a hub repo id")
     p.add_argument("--drafter", help="hub repo of the drafter: a draft model or a sidecar MTP head")
     p.add_argument("--verify", action="store_true", help="hash every file, not only new ones")
+    p.add_argument("--quantize-mtp", nargs="?", type=int, choices=[4, 8], const=0, default=None,
+                   metavar="BITS", help="quantize an MTP head read out of the original "
+                   "checkpoint: like the target, or to BITS (4 or 8)")
     p.add_argument("--progress-json", action="store_true", help=argparse.SUPPRESS)  # the app's
 
     r = sub.add_parser("rm", help="delete a preset's or repo's files from the cache")
@@ -67,7 +70,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     show = _json_progress if args.progress_json else ProgressBar()
-    launch = hub.pull(args.name, drafter=args.drafter, progress=show, verify=args.verify)
+    quantize = False if args.quantize_mtp is None else (args.quantize_mtp or True)
+    launch = hub.pull(args.name, drafter=args.drafter, progress=show, verify=args.verify,
+                      quantize_mtp=quantize)
     if args.progress_json:
         print(json.dumps({"event": "done", "launch": launch.to_dict()}), flush=True)
         return 0

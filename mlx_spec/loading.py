@@ -12,8 +12,9 @@ from .kinds import DRAFTERS
 from .model import TargetModel
 
 
-def load_target(path_or_repo: str | Path) -> tuple[TargetModel, Any]:
-    """(TargetModel, mlx-lm TokenizerWrapper) for a local model directory or a hub repo id."""
+def load_target(path_or_repo: str | Path, *, lazy: bool = False) -> tuple[TargetModel, Any]:
+    """(TargetModel, mlx-lm TokenizerWrapper) for a local model directory or a hub repo id.
+    lazy: weights are mapped, not read, until used (to inspect a model's layout)."""
     from mlx_lm import load
 
     local: Path | None = None
@@ -24,7 +25,7 @@ def load_target(path_or_repo: str | Path) -> tuple[TargetModel, Any]:
     else:
         source = str(path_or_repo)
     try:
-        model, tokenizer, config = load(source, return_config=True)
+        model, tokenizer, config = load(source, return_config=True, lazy=lazy)
     except ModelLoadError:
         raise
     except Exception as e:  # mlx-lm raises many kinds; the user needs one line

@@ -384,3 +384,26 @@ def test_chat_opens_a_cached_preset_on_local_paths_and_pulls_a_missing_one(serve
                              draft_model=str(launch.draft_model), mtp=None, num_draft="auto")
     assert len(server.requests) == before  # opened from the cache, no request
     assert main(["chat", "nope"]) == 2
+
+
+def test_a_head_read_out_of_the_original_is_quantized_when_asked(server, capsys):
+    """`pull --quantize-mtp 4`: the head read out of the checkpoint becomes a 4-bit sidecar
+    beside it (the published tensors kept), still a known answer, still lossless."""
+    assert main(["pull", CONVERSION, "--quantize-mtp", "4"]) == 0
+    launch = hub.launch_for(CONVERSION)
+    assert launch.mtp.name.endswith(".q4") and launch.mtp.parent == heads.heads_root()
+    config = json.loads((launch.mtp / "config.json").read_text())
+    assert config["model_type"] == "qwen3_5_mtp" and config["quantization"]["bits"] == 4
+    assert any(k.endswith(".scales") for k in mx.load(str(launch.mtp / "model.safetensors")))
+    assert (heads.head_dir(ORIGINAL) / "model.safetensors").exists()  # as published, kept
+    spec = load_engine(launch.target, drafter="mtp", mtp=launch.mtp, num_draft=4)
+    plain = load_engine(launch.target, drafter="none")
+    end, events = run(spec)
+    assert end.stats.acceptance_rate > 0.9
+    assert [e.token for e in events] == [e.token for e in run(plain)[1]]
+    with pytest.raises(hub.DownloadError, match="not quantized, so there is nothing to match"):
+        hub.pull(CONVERSION, quantize_mtp=True)
+    capsys.readouterr()
+    assert main(["rm", CONVERSION]) == 0
+    out = capsys.readouterr().out
+    assert "MTP head, q4" in out and not heads.all_copies(ORIGINAL)

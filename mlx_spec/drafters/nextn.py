@@ -247,6 +247,33 @@ def load_sidecar_head(target: TargetModel, path: Path):
     return head, lay
 
 
+def quantize_head(head: NextNHead, *, bits: int, group_size: int) -> NextNHead:
+    """Quantize the head's linear layers (those whose input width the group size divides)."""
+    nn.quantize(head, group_size=group_size, bits=bits,
+                class_predicate=lambda p, m: hasattr(m, "to_quantized")
+                and getattr(m, "weight", None) is not None
+                and m.weight.shape[-1] % group_size == 0)
+    return head
+
+
+def save_sidecar(out: Path, head: NextNHead, target: TargetModel, *,
+                 quantization: dict | None = None) -> Path:
+    """`head` as a sidecar directory in mlx-vlm's layout (what load_sidecar_head reads): MLX
+    tensors under the published names without `mtp.`, config.json with model_type
+    `<family>_mtp`, the target's text config and the quantization, if any."""
+    lay = _layout_or_raise(target)
+    text = target.config.get("text_config", target.config)
+    config = {"model_type": f"{lay.families[0]}_mtp", "text_config": text,
+              "tie_word_embeddings": False}
+    if quantization:
+        config["quantization"] = quantization
+    weights = {_published_name(lay, "", k): v for k, v in tree_flatten(head.parameters())}
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
 def _layout_or_raise(target: TargetModel) -> Layout:
     lay = layout_for(target)
     if lay is None:

@@ -18,6 +18,7 @@ then renamed), so a cut transfer never leaves a head that looks whole.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -40,8 +41,51 @@ def head_dir(original: str) -> Path:
 
 
 def extracted_head(original: str) -> Path | None:
+    """The head read out of `original`: its quantized copy when one was made, else as read."""
     path = head_dir(original)
-    return path if (path / SOURCE).exists() else None
+    if not (path / SOURCE).exists():
+        return None
+    quantized = sorted(path.parent.glob(f"{path.name}.q*"))
+    return next((q for q in quantized if (q / "config.json").exists()), path)
+
+
+def label(d: Path) -> str | None:
+    """'org/name (MTP head)' or 'org/name (MTP head, q4)' for a head directory, else None."""
+    m = re.fullmatch(r"(.+?)(?:\.(q\d+))?", d.name)
+    if m is None or not ((d / SOURCE).exists() or (m[2] and (d / "config.json").exists())):
+        return None
+    return f"{m[1].replace('--', '/')} (MTP head{', ' + m[2] if m[2] else ''})"
+
+
+def all_copies(original: str) -> list[Path]:
+    """The head as read and every quantized copy of it (what `rm` frees)."""
+    raw = head_dir(original)
+    return [p for p in [raw, *sorted(raw.parent.glob(f"{raw.name}.q*"))] if p.is_dir()]
+
+
+def quantize(original: str, target_dir: Path, bits: int | None = None) -> Path:
+    """A quantized sidecar of the head read out of `original`, for the target at `target_dir`:
+    at the target's own bits and group size, or at `bits` (group size 64, or the target's).
+    The published tensors are kept; the copy is written beside them and used from then on."""
+    from ..drafters import nextn
+    from ..loading import load_target
+
+    raw = head_dir(original)
+    target, _ = load_target(target_dir, lazy=True)  # its layout and args; weights not read
+    q = dict(target.config.get("quantization") or {})
+    if bits is None and not q:
+        raise DownloadError(f"{target.name} is not quantized, so there is nothing to match: "
+                            "pass --quantize-mtp BITS (4 or 8)")
+    q = {"group_size": int(q.get("group_size", 64)), "bits": int(bits or q["bits"])}
+    head, _ = nextn.load_checkpoint_head(target, raw)
+    nextn.quantize_head(head, bits=q["bits"], group_size=q["group_size"])
+    out = raw.with_name(f"{raw.name}.q{q['bits']}")
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    nextn.save_sidecar(tmp, head, target, quantization=q)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
 
 
 def fetch_sidecar(repo: str, *, progress: ProgressFn | None = None, cancel=None) -> Path:

@@ -78,15 +78,24 @@ def resolve(name: str, *, drafter: str | None = None) -> Plan:
 
 
 def pull(name: str, *, drafter: str | None = None, progress: ProgressFn | None = None,
-         cancel: threading.Event | None = None, verify: bool = False) -> Launch:
-    """Fetch what `name` needs (resuming anything interrupted) and say how to launch it."""
+         cancel: threading.Event | None = None, verify: bool = False,
+         quantize_mtp: bool | int = False) -> Launch:
+    """Fetch what `name` needs (resuming anything interrupted) and say how to launch it.
+    quantize_mtp: a head read out of an original checkpoint is quantized like the target
+    (True) or to that many bits; a sidecar repo's head is used as published."""
     plan = resolve(name, drafter=drafter)
+    fetched: dict[str, Path] = {}
 
     def get(repo: str) -> Path:
-        return fetch(repo, progress=progress, cancel=cancel, verify=verify)
+        fetched[repo] = fetch(repo, progress=progress, cancel=cancel, verify=verify)
+        return fetched[repo]
 
     def head(original: str) -> Path:
-        return heads.extract_head(original, progress=progress, cancel=cancel)
+        path = heads.extract_head(original, progress=progress, cancel=cancel)
+        if quantize_mtp is False:
+            return path
+        bits = None if quantize_mtp is True else int(quantize_mtp)
+        return heads.quantize(original, fetched[plan.target], bits)
 
     try:
         return _launch(plan, get, head, readme=lambda repo: _readme(repo, progress, cancel))
@@ -237,8 +246,8 @@ def installed() -> list[Installed]:
         out.append(Installed(d.name.removeprefix("models--").replace("--", "/"), _size(d), d))
     heads_root = heads.heads_root()
     for d in sorted(heads_root.iterdir()) if heads_root.is_dir() else []:
-        if (d / heads.SOURCE).exists():
-            out.append(Installed(f"{d.name.replace('--', '/')} (MTP head)", _size(d), d))
+        if (name := heads.label(d)) is not None:
+            out.append(Installed(name, _size(d), d))
     return sorted(out, key=lambda i: i.repo.lower())
 
 
@@ -253,9 +262,8 @@ def remove(name: str) -> list[Installed]:
     repos = {plan.target, *([plan.drafter] if plan.drafter else [])}
     gone = [i for i in installed() if i.repo in repos]
     for original in {plan.mtp_from, base_model(_cached_readme(plan.target))} - {None}:
-        d = heads.extracted_head(original)
-        if d is not None:
-            gone.append(Installed(f"{original} (MTP head)", _size(d), d))
+        gone += [Installed(heads.label(d) or d.name, _size(d), d)
+                 for d in heads.all_copies(original)]
     for i in gone:
         shutil.rmtree(i.path)
     return gone
