@@ -38,7 +38,7 @@ def load_target(path_or_repo: str | Path, *, lazy: bool = False) -> tuple[Target
     if local is None:
         local = _snapshot_dir(source)
     target = TargetModel(model, context_length=context, name=_display_name(path_or_repo),
-                         path=local, config=config)
+                         path=local, config=config, tokenizer=tokenizer)
     return target, tokenizer
 
 

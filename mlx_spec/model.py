@@ -19,6 +19,7 @@ class TargetModel:
     name: str = "target"
     path: Path | None = None  # the local checkpoint directory, when loaded from one
     config: dict = field(default_factory=dict)  # its config.json
+    tokenizer: Any = None  # the mlx-lm tokenizer loaded with it (drafters compare vocabularies)
 
     @property
     def text(self) -> nn.Module:

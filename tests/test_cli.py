@@ -11,10 +11,11 @@ import sys
 import time
 
 import pytest
-from conftest import ARCHS
+from conftest import ARCHS, VOCAB
 
 from mlx_spec.cli import main
 from mlx_spec.train.modeldir import build_model, save_model_dir
+from mlx_spec.train.tokenizer import save_tokenizer, train_tokenizer
 
 
 def gen(*args):
@@ -67,9 +68,11 @@ def bad_dirs(tmp_path_factory, model_dirs, tokenizer_dir):
     corrupt_w = root / "corrupt-weights"
     shutil.copytree(model_dirs("llama"), corrupt_w)
     (corrupt_w / "model.safetensors").write_bytes(b"\x00garbage" * 10)
-    other_vocab = root / "other-vocab"
-    cfg = dict(ARCHS["llama"], vocab_size=500)
-    save_model_dir(other_vocab, build_model(cfg), cfg, tokenizer_dir=tokenizer_dir)
+    other_vocab = root / "other-vocab"  # another tokenizer (the same size, other tokens)
+    other_tok = root / "other-tok"
+    save_tokenizer(train_tokenizer([f"zz{i} yy{i} xx" for i in range(400)], VOCAB), other_tok)
+    cfg = dict(ARCHS["llama"])
+    save_model_dir(other_vocab, build_model(cfg), cfg, tokenizer_dir=other_tok)
     return {"corrupt-config": corrupt_cfg, "corrupt-weights": corrupt_w, "other-vocab": other_vocab}
 
 
@@ -77,7 +80,7 @@ def bad_dirs(tmp_path_factory, model_dirs, tokenizer_dir):
     ("missing", ["--model", "/nonexistent/model"], "not found"),
     ("corrupt-config", [], "corrupt config.json"),
     ("corrupt-weights", [], "cannot load model"),
-    ("vocab", [], "vocabulary (500) differs"),
+    ("vocab", [], "does not share"),
     ("k0", ["-k", "0"], "num-draft must be >= 1"),
     ("temp", ["--temp", "-1"], "--temp must be a number >= 0"),
     ("temp-nan", ["--temp", "nan"], "--temp must be a number >= 0, got nan"),

@@ -1,4 +1,13 @@
-"""A separate, smaller language model with the same vocabulary, run autoregressively."""
+"""A separate, smaller language model with the same tokenizer, run autoregressively.
+
+Sharing a tokenizer is not sharing an embedding size: checkpoints pad their vocabularies to
+different multiples (Qwen2.5-0.5B has 151,936 rows, Qwen2.5-7B 152,064, both for 151,665 real
+tokens). Compatibility is decided from the tokenizers (token -> id, special tokens included); the
+draft's logits are then laid out at the target's width, with every id that is not a shared real
+token at -inf, so the draft never proposes one and q is 0 there. p is left exactly as the target
+computes it: rejection sampling needs nothing more (a target that puts mass on an id q cannot
+reach takes it through the residual), and target-only output stays token-for-token the same.
+"""
 
 from __future__ import annotations
 
@@ -16,13 +25,16 @@ class DraftModelDrafter:
     needs_hidden = False
 
     def __init__(self, draft: TargetModel, target: TargetModel, *, slack: int = 16):
-        if draft.vocab_size != target.vocab_size:
-            raise TokenizerMismatchError(
-                f"draft model vocabulary ({draft.vocab_size}) differs from the target's "
-                f"({target.vocab_size}); they must share a tokenizer"
-            )
+        shared = shared_vocabulary(draft, target)
         self.model = draft
         self.slack = slack
+        self.width = target.vocab_size
+        # added to the draft's logits (cut or padded to the target's width): -inf off the
+        # shared real vocabulary; None when the two line up already
+        self.impossible = None
+        if shared < self.width or draft.vocab_size != self.width:
+            ids = mx.arange(self.width)
+            self.impossible = mx.where(ids < shared, 0.0, -mx.inf)
         self.reset()
 
     def reset(self) -> None:
@@ -41,7 +53,17 @@ class DraftModelDrafter:
     def _step(self, x) -> mx.array:
         logits, _ = self.model.forward(x, self.cache)
         self.cached += x.size if isinstance(x, mx.array) else len(x)
-        return logits[-1]
+        return self._at_target_width(logits[-1])
+
+    def _at_target_width(self, logits: mx.array) -> mx.array:
+        if self.impossible is None:
+            return logits
+        n = logits.shape[-1]
+        if n > self.width:
+            logits = logits[..., : self.width]
+        elif n < self.width:
+            logits = mx.concatenate([logits, mx.full((self.width - n,), -mx.inf, logits.dtype)])
+        return logits + self.impossible.astype(logits.dtype)
 
     def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
         # catch up on committed tokens not yet seen (the pending one at least), then one step each
@@ -52,3 +74,39 @@ class DraftModelDrafter:
 
     def nbytes(self) -> int:
         return self.model.nbytes() + kv.nbytes(self.cache)
+
+
+def shared_vocabulary(draft: TargetModel, target: TargetModel) -> int:
+    """How many ids (0..n-1) both tokenizers give the same token; TokenizerMismatchError, naming
+    what differs, when they are not the same tokenizer. Without tokenizers (models built in
+    code), the embedding sizes must match."""
+    if draft.tokenizer is None or target.tokenizer is None:
+        if draft.vocab_size != target.vocab_size:
+            raise TokenizerMismatchError(
+                f"draft model vocabulary ({draft.vocab_size}) differs from the target's "
+                f"({target.vocab_size}); they must share a tokenizer")
+        return target.vocab_size
+    a, b = draft.tokenizer.get_vocab(), target.tokenizer.get_vocab()
+    if a != b:
+        raise TokenizerMismatchError(f"{draft.name} does not share {target.name}'s tokenizer: "
+                                     f"{_first_difference(a, b)}")
+    n = max(b.values()) + 1
+    if n > min(draft.vocab_size, target.vocab_size):
+        raise TokenizerMismatchError(
+            f"{draft.name}'s tokenizer has {n} tokens but the model only {draft.vocab_size} rows"
+            if n > draft.vocab_size else
+            f"{target.name}'s tokenizer has {n} tokens but the model only {target.vocab_size}")
+    return n
+
+
+def _first_difference(draft: dict[str, int], target: dict[str, int]) -> str:
+    if len(draft) != len(target):
+        head = f"{len(draft)} tokens against {len(target)}"
+    else:
+        head = "the same number of tokens, other ids"
+    for token, i in sorted(target.items(), key=lambda kv: kv[1]):
+        if draft.get(token) != i:
+            where = "missing" if token not in draft else f"id {draft[token]}"
+            return f"{head}; e.g. {token!r} is id {i} for the target, {where} for the draft"
+    extra = next(t for t in draft if t not in target)
+    return f"{head}; e.g. {extra!r} exists only for the draft"
