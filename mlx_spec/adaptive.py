@@ -2,11 +2,20 @@
 
 With α_i the probability that draft i is accepted given that drafts 1..i-1 were, a round with k
 drafts emits on average E(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j tokens (the +1 is the target's own token)
-and costs T(k) = k·d + c(k+1), where c(q) is the target's measured cost to verify q tokens and d
-the drafter's cost per drafted token. We pick argmax_k E(k)/T(k), with k = 0 (plain decoding,
-E = 1, T = c(1)) whenever speculation cannot pay — e.g. a quantized target on a CPU, where c(q)
-grows linearly in q. While off, a probe round every `probe_every` rounds keeps the α estimates
-fresh so speculation switches back on when it can pay again.
+and costs T(k) = o + k·d + r·c(k+1): o the round's fixed cost (sampling, commit, Python), d the
+drafter's cost per drafted token, c(q) the target's cost to verify q tokens as calibrated at load,
+and r how much slower verification has become since (it grows with the context). All three of
+o, d and r are fitted online from the rounds themselves. We pick argmax_k E(k)/T(k), with k = 0
+(plain decoding, E = 1) whenever speculation cannot pay — e.g. a quantized target on a CPU,
+where c(q) grows linearly in q.
+
+What it has not tried it estimates, rather than assuming: α_1 is shrunk toward a prior, and each
+deeper α_i toward the estimate of the position before it, so an untried position starts where
+its neighbour is (a good drafter's deep positions look good until measured otherwise). While
+speculation is off, a probe round every `probe_every` rounds keeps α_1 and d measured; while on,
+every `explore_every` rounds one draft more than the best is tried, so positions beyond the
+current choice get measured too. A drafter's catch-up over a new prompt is not charged as
+per-token drafting cost (rounds that fed it more than k_max + 1 tokens are left out of d).
 """
 
 from __future__ import annotations
@@ -55,22 +64,31 @@ def smooth_linear(costs: Sequence[float]) -> tuple[float, ...]:
 
 
 class AdaptiveDraftLength:
-    """Online per-position acceptance + measured costs → k for the next round."""
+    """Online per-position acceptance + costs fitted from the rounds → k for the next round."""
 
     def __init__(self, verify_costs: Sequence[float], *, draft_cost: float | None = None,
                  prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.98,
-                 probe_every: int = 16):
+                 probe_every: int = 16, explore_every: int = 8):
         self.costs = tuple(verify_costs)
         self.k_max = len(self.costs) - 1
-        # α_i as (accepted, seen) with exponential forgetting, started at an optimistic prior
-        self.accepted = [prior * prior_weight] * self.k_max
-        self.seen = [prior_weight] * self.k_max
+        # α_i as (accepted, seen) with exponential forgetting; priors enter in alphas()
+        self.accepted = [0.0] * self.k_max
+        self.seen = [0.0] * self.k_max
+        self.prior, self.prior_weight = prior, prior_weight
         self.draft_cost = draft_cost if draft_cost is not None else 0.1 * self.costs[0]
-        self.decay, self.probe_every = decay, probe_every
-        self.rounds_off = 0
+        self.overhead = 0.0  # o: seconds per round outside drafting and verifying
+        self.slowdown = 1.0  # r: measured verify time / calibrated c(k+1)
+        self.decay, self.probe_every, self.explore_every = decay, probe_every, explore_every
+        self.rounds_off = self.rounds_on = 0
 
     def alphas(self) -> list[float]:
-        return [a / s for a, s in zip(self.accepted, self.seen, strict=True)]
+        """Each α_i shrunk toward the estimate before it (α_1 toward the prior)."""
+        out, mean = [], self.prior
+        w = self.prior_weight
+        for a, s in zip(self.accepted, self.seen, strict=True):
+            mean = (a + w * mean) / (s + w)
+            out.append(mean)
+        return out
 
     def expected_tokens(self, k: int) -> float:
         total, run = 1.0, 1.0
@@ -79,9 +97,12 @@ class AdaptiveDraftLength:
             total += run
         return total
 
+    def round_cost(self, k: int) -> float:
+        return self.overhead + k * self.draft_cost + self.slowdown * self.costs[k]
+
     def rate(self, k: int) -> float:
         """Expected tokens per second with k drafts."""
-        return self.expected_tokens(k) / (k * self.draft_cost + self.costs[k])
+        return self.expected_tokens(k) / self.round_cost(k)
 
     def choose(self, limit: int | None = None) -> int:
         top = self.k_max if limit is None else min(self.k_max, limit)
@@ -90,17 +111,27 @@ class AdaptiveDraftLength:
             self.rounds_off += 1
             if self.rounds_off % self.probe_every == 0 and top >= 1:
                 return 1  # probe: keep α_1 (and d) measured while speculation is off
-        else:
-            self.rounds_off = 0
+            return 0
+        self.rounds_off = 0
+        self.rounds_on += 1
+        if self.rounds_on % self.explore_every == 0 and best < top:
+            return best + 1  # explore: measure the position just past the current choice
         return best
 
-    def observe(self, k: int, n: int, draft_seconds: float) -> None:
-        """A round drafted k tokens and the target accepted n of them."""
+    def observe(self, k: int, n: int, draft_seconds: float, *, verify_seconds: float | None = None,
+                round_seconds: float | None = None, fed: int = 1) -> None:
+        """A round drafted k tokens, the target accepted n; its timings, and how many tokens
+        the drafter was fed before drafting (its catch-up)."""
+        if verify_seconds is not None and verify_seconds > 0:
+            ratio = verify_seconds / self.costs[k]
+            self.slowdown = 0.9 * self.slowdown + 0.1 * ratio
+        if round_seconds is not None and verify_seconds is not None:
+            rest = max(0.0, round_seconds - draft_seconds - verify_seconds)
+            self.overhead = 0.9 * self.overhead + 0.1 * rest
         if k == 0:
             return
         for i in range(min(k, n + 1)):  # position i was tested only if 1..i-1 were accepted
             self.accepted[i] = self.decay * self.accepted[i] + (i < n)
             self.seen[i] = self.decay * self.seen[i] + 1
-        per_token = draft_seconds / k
-        self.draft_cost = 0.8 * self.draft_cost + 0.2 * per_token
-
+        if fed <= self.k_max + 1:  # not a catch-up over a new prompt
+            self.draft_cost = 0.8 * self.draft_cost + 0.2 * draft_seconds / k

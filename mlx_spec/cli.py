@@ -293,6 +293,9 @@ def summary_line(s: Any) -> str:
                  f"{s.tokens_per_pass:.2f} tokens/pass")
         line += f", drafter mem {s.drafter_bytes / 2**20:.1f} MB"
     line += f", KV {s.kv_cache_bytes / 2**20:.1f} MB"
+    if s.generated_tokens > 1:
+        line += (f", ITL p50/p90/max {s.itl_p50_s * 1e3:.0f}/{s.itl_p90_s * 1e3:.0f}/"
+                 f"{s.itl_max_s * 1e3:.0f} ms")
     return line + f", finish {s.finish_reason}]"
 
 

@@ -31,6 +31,7 @@ from .errors import MlxSpecError, PromptTooLongError
 from .events import Event, Kind, TokenEvent, TurnEnd, TurnStats
 from .model import TargetModel
 from .sampling import Sampler, SamplingConfig
+from .stats import quantiles
 
 PREFILL_CHUNK = 512
 
@@ -55,7 +56,11 @@ class Engine:
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.adaptive = num_draft == "auto"
         self.num_draft = max_draft if self.adaptive else int(num_draft)
-        self.policy: AdaptiveDraftLength | None = None
+        # one policy per drafter and per greedy / sampled (acceptance differs between them),
+        # on verify costs calibrated once
+        self.policies: dict[tuple[str, bool], AdaptiveDraftLength] = {}
+        self.verify_costs: tuple[float, ...] | None = None
+        self._last_policy: AdaptiveDraftLength | None = None
         self.kv_bits = kv_bits
         self.eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
         self.reset()
@@ -96,19 +101,28 @@ class Engine:
             raise MlxSpecError(f"draft length must be >= 1 or 'auto', got {num_draft}")
         old = self.num_draft
         self.adaptive = num_draft == "auto"
-        if self.adaptive and self.policy is not None and self.policy.k_max != max_draft:
-            self.policy = None
+        if self.verify_costs is not None and len(self.verify_costs) != max_draft + 1:
+            self.verify_costs, self.policies = None, {}
         self.num_draft = max_draft if self.adaptive else int(num_draft)
         if self.num_draft > old:  # sliding-window caches need rollback slack for a longer round
             self.reset()
 
-    def _policy(self) -> AdaptiveDraftLength | None:
-        """The adaptive draft-length policy, calibrated once (a few timed target passes)."""
+    def _policy(self, greedy: bool) -> AdaptiveDraftLength | None:
+        """The adaptive draft-length policy for this drafter and this kind of sampling; the
+        verify costs are calibrated once (a few timed target passes)."""
         if not self.adaptive or self.drafter is None:
             return None
-        if self.policy is None:
-            self.policy = AdaptiveDraftLength(measure_verify_costs(self.target, self.num_draft))
-        return self.policy
+        if self.verify_costs is None:
+            self.verify_costs = measure_verify_costs(self.target, self.num_draft)
+        key = (self.drafter.name, greedy)
+        if key not in self.policies:
+            self.policies[key] = AdaptiveDraftLength(self.verify_costs)
+        return self.policies[key]
+
+    @property
+    def policy(self) -> AdaptiveDraftLength | None:
+        """The policy the last turn used (None before any, or with a fixed k)."""
+        return self._last_policy
 
     # -- the loop, as verbs --------------------------------------------------------------------
 
@@ -189,7 +203,7 @@ class Engine:
             )
         sampler = Sampler(sampling or SamplingConfig())
         k_max = self.num_draft
-        policy = self._policy()
+        policy = self._last_policy = self._policy(sampler.cfg.greedy)
         eos = set() if ignore_eos else self.eos
         decoder = IncrementalDecoder(self.tokenizer)
         mx.reset_peak_memory()
@@ -198,6 +212,7 @@ class Engine:
         prefill_s = time.perf_counter() - t0
         s = _Counters(k_max)
         generated: list[int] = []
+        emitted: list[float] = []  # when each token was handed to the caller
         finish = "length"
         ttft = 0.0
         while len(generated) < max_tokens:
@@ -214,7 +229,8 @@ class Engine:
             else:
                 k = policy.choose(limit) if policy else min(k_max, limit)
 
-            t, draft_before = time.perf_counter(), s.draft_s
+            t = round_start = time.perf_counter()
+            draft_before, verify_before = s.draft_s, s.verify_s
             draft = self.draft(k, sampler)
             if draft.probs is not None:  # so the draft's time is counted as drafting
                 mx.eval(draft.probs)
@@ -227,8 +243,6 @@ class Engine:
             s.passes += 1
 
             n, k = verdict.num_accepted, len(draft.tokens)
-            if policy is not None:
-                policy.observe(k, n, s.draft_s - draft_before)
             new = draft.tokens[:n] + [verdict.token]
             kinds = [Kind.ACCEPTED] * n + [
                 Kind.TARGET if k == 0 else Kind.BONUS if n == k else Kind.CORRECTED
@@ -239,19 +253,25 @@ class Engine:
             t = time.perf_counter()
             self.commit(new, len(self.tokens) + min(n, len(new)), hidden)
             s.commit_s += time.perf_counter() - t
+            if policy is not None:
+                policy.observe(k, n, s.draft_s - draft_before,
+                               verify_seconds=s.verify_s - verify_before,
+                               round_seconds=time.perf_counter() - round_start, fed=draft.fed)
 
             for tok, kind in zip(new, kinds, strict=True):
                 if tok in eos:
                     break
                 generated.append(tok)
+                emitted.append(time.perf_counter())
                 if not ttft:
-                    ttft = time.perf_counter() - t0
+                    ttft = emitted[-1] - t0
                 yield TokenEvent(tok, decoder.add(tok), kind)
             if reason:
                 finish = reason
                 break
 
         self._materialize()
+        p50, p90, worst = quantiles([b - a for a, b in zip(emitted, emitted[1:], strict=False)])
         stats = TurnStats(
             prompt_tokens=len(prompt),
             reused_tokens=reused,
@@ -267,6 +287,9 @@ class Engine:
             commit_s=s.commit_s,
             ttft_s=ttft,
             total_s=time.perf_counter() - t0,
+            itl_p50_s=p50,
+            itl_p90_s=p90,
+            itl_max_s=worst,
             peak_memory=mx.get_peak_memory(),
             target_bytes=self.target.nbytes(),
             drafter_bytes=self.drafter.nbytes() if self.drafter is not None else 0,

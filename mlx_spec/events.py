@@ -40,6 +40,11 @@ class TurnStats:
     commit_s: float = 0.0  # cutting caches back to the accepted prefix (recurrent: replays)
     ttft_s: float = 0.0
     total_s: float = 0.0
+    # inter-token latency, between consecutive tokens as the caller received them: speculation
+    # emits a round's tokens in one burst, so the median can be ~0 while the tail is a round
+    itl_p50_s: float = 0.0
+    itl_p90_s: float = 0.0
+    itl_max_s: float = 0.0
     peak_memory: int = 0
     target_bytes: int = 0
     drafter_bytes: int = 0

@@ -116,3 +116,15 @@ def measure_baseline(engine: Engine, *, tokens: int = 64, prompt: list[int] | No
     speed = statistics.median(timed(tokens) for _ in range(repeats))
     return Baseline(speed, tokens, f"median of {repeats} timed target-only runs of {tokens} "
                                    f"tokens (greedy, same loop, no drafter), measured at load")
+
+
+def quantiles(values: list[float]) -> tuple[float, float, float]:
+    """(median, 90th percentile, max) by nearest rank; zeros when there are none."""
+    if not values:
+        return 0.0, 0.0, 0.0
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+    return rank(0.5), rank(0.9), ordered[-1]

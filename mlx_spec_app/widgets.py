@@ -53,6 +53,8 @@ def stats_line(s: TurnStats, baseline: Baseline | None) -> str:
     parts.append(f"{s.tokens_per_pass:.2f} tok/pass")
     if baseline is not None and baseline.tok_s > 0:
         parts.append(f"speedup ×{baseline.speedup(s.tok_s):.2f}")
+    if s.generated_tokens > 1:
+        parts.append(f"ITL p50/p90 {s.itl_p50_s * 1e3:.0f}/{s.itl_p90_s * 1e3:.0f} ms")
     parts.append(f"draft {s.draft_s * 1e3:.0f} ms / verify {s.verify_s * 1e3:.0f} ms")
     k = f"auto≤{s.num_draft}" if s.adaptive else str(s.num_draft)
     parts.append(f"{s.drafter} k={k}" if s.drafter != "none" else "no drafter")

@@ -50,3 +50,58 @@ def test_measured_costs_and_auto_engine_is_lossless(load):
     end, _ = run(engine)
     assert end.stats.adaptive and engine.policy is not None
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), list(baseline.tokens))
+
+
+def true_rate(alpha, costs, draft_cost, k):
+    e = sum(alpha**i for i in range(k + 1))
+    return e / (k * draft_cost + costs[k])
+
+
+def test_positions_it_never_drafted_are_learned_not_stuck_at_a_prior():
+    """A drafter accepted 90% of the time at every depth, on a memory-bound target: the best k
+    is deep. A prior held fixed for untried depths would keep k shallow; shrinking each depth
+    toward the one before and exploring one past the choice finds the optimum."""
+    import random
+
+    costs = [1.0 + 0.06 * q for q in range(9)]
+    policy = AdaptiveDraftLength(costs, draft_cost=0.05, prior=0.3)
+    rng = random.Random(0)
+    feed(policy, 400, lambda i: rng.random() < 0.9)
+    best = max(range(9), key=lambda k: true_rate(0.9, costs, 0.05, k))
+    chosen = policy.choose()
+    assert true_rate(0.9, costs, 0.05, chosen) >= 0.97 * true_rate(0.9, costs, 0.05, best)
+    assert all(s > 0 for s in policy.seen[: best]), policy.seen  # each depth was measured
+
+
+def test_a_catch_up_over_a_new_prompt_is_not_charged_as_drafting_cost():
+    policy = AdaptiveDraftLength([1.0 + 0.03 * q for q in range(9)], draft_cost=0.02)
+    policy.observe(4, 4, draft_seconds=5.0, fed=2500)  # a draft model reading a long prompt
+    assert policy.draft_cost == 0.02
+    policy.observe(4, 4, draft_seconds=0.2, fed=5)  # a steady round: counted
+    assert policy.draft_cost > 0.02
+
+
+def test_round_overhead_and_verify_slowdown_are_fitted_online():
+    costs = [1.0 + 0.03 * q for q in range(9)]
+    policy = AdaptiveDraftLength(costs, draft_cost=0.02)
+    for _ in range(200):  # verification twice as slow as calibrated (a long context), 0.3 s more
+        policy.observe(2, 1, draft_seconds=0.04, verify_seconds=2 * costs[2],
+                       round_seconds=0.04 + 2 * costs[2] + 0.3)
+    assert abs(policy.slowdown - 2.0) < 0.01 and abs(policy.overhead - 0.3) < 0.01
+    assert abs(policy.round_cost(2) - (0.3 + 2 * 0.02 + 2 * costs[2])) < 0.02
+
+
+def test_policies_are_kept_per_drafter_and_per_greedy_or_sampled(load):
+    from mlx_spec.drafters import NgramDrafter
+    from mlx_spec.sampling import SamplingConfig
+
+    target, tok = load("llama")
+    engine = Engine(target, tok, DraftModelDrafter(target, target), num_draft="auto")
+    run(engine, max_tokens=12)
+    greedy = engine.policy
+    run(engine, max_tokens=12, sampling=SamplingConfig(temperature=1.0, seed=0))
+    assert engine.policy is not greedy
+    engine.set_drafter(NgramDrafter())
+    run(engine, max_tokens=12)
+    assert set(engine.policies) == {("draft", True), ("draft", False), ("ngram", True)}
+    assert engine.policy is engine.policies[("ngram", True)]

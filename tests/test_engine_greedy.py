@@ -139,3 +139,17 @@ def test_quantized_kv_cache_option(load):
     engine.commit = commit
     end, _ = run(engine)
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), list(plain.tokens), bits=8)
+
+
+def test_inter_token_latency_shows_the_bursts_of_speculation(load):
+    """A perfect drafter at k=4 hands over five tokens per round at once: the median gap is a
+    fraction of the tail; target-only tokens come one pass apart."""
+    target, tok = load("llama")
+    spec, _ = run(Engine(target, tok, DraftModelDrafter(target, target), num_draft=4),
+                  max_tokens=40)
+    plain, _ = run(Engine(target, tok, None), max_tokens=40)
+    s, p = spec.stats, plain.stats
+    assert 0 <= s.itl_p50_s <= s.itl_p90_s <= s.itl_max_s and s.itl_max_s > 0
+    assert s.itl_p50_s < 0.5 * s.itl_max_s  # within a burst the gaps are near zero
+    assert p.itl_p50_s > 0 and p.itl_p50_s <= p.itl_p90_s <= p.itl_max_s
+    assert type(spec.stats).from_dict(spec.stats.to_dict()) == spec.stats

@@ -148,9 +148,12 @@ def hybrid_rows(cfg, prompts: list[list[int]], ours: Callable, run_mlx_lm: Calla
         r.speedup_vs_target = r.tok_s / base if base else 0.0
         if r.engine == "mlx-spec" and r.drafter != "none":
             r.efficiency = efficiency(r, costs)
-        log(f"{r.name:<40} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}  "
-            f"{r.tokens_per_pass:.2f} tok/pass  acc {r.acceptance_rate:.0%}  "
-            f"commit {r.commit_ms_per_pass:.2f} ms/pass")
+        if r.engine == "mlx-spec":
+            log(f"{r.name:<40} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}  "
+                f"{r.tokens_per_pass:.2f} tok/pass  acc {r.acceptance_rate:.0%}  "
+                f"commit {r.commit_ms_per_pass:.2f} ms/pass")
+        else:
+            log(f"{r.name:<40} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}")
     rollback = {}
     for strategy in ("replay", "capture"):
         per_pos, per_round = tape_bytes(wide, prompts[0], k, strategy)

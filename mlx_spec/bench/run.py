@@ -21,7 +21,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..adaptive import measure_verify_costs
+from ..adaptive import measure_verify_costs, smooth_linear
 from ..assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
 from ..drafters import DraftModelDrafter, NgramDrafter
 from ..drafters.mtp import load_mtp_drafter
@@ -30,7 +30,7 @@ from ..events import TokenEvent, TurnEnd
 from ..loading import find_mtp_head, load_target
 from ..model import TargetModel
 from ..sampling import SamplingConfig
-from ..stats import Totals
+from ..stats import Totals, quantiles
 from ..train.corpus import prompts_from_corpus
 from .widen import parameter_count, quantized, widen_mtp, widen_target
 
@@ -64,49 +64,79 @@ class Row:
     num_draft: int | str
     tok_s: float = 0.0
     speedup_vs_target: float = 0.0
-    tokens_per_pass: float = 1.0
-    acceptance_rate: float = 0.0
+    speedup_vs_mlx_lm: float | None = None  # ÷ mlx-lm generate_step at the same temperature
+    # None where the engine does not report it (mlx-lm): printed "–", never a default
+    tokens_per_pass: float | None = None
+    acceptance_rate: float | None = None
     per_position_acceptance: list[float] = field(default_factory=list)
-    draft_share: float = 0.0
-    verify_share: float = 0.0
-    ttft_s: float = 0.0
+    draft_share: float | None = None
+    verify_share: float | None = None
+    ttft_s: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p90_ms: float | None = None
     peak_memory_mb: float = 0.0
     efficiency: float | None = None
     mean_draft: float = 0.0  # drafted tokens per target pass
     draft_s_per_pass: float = 0.0
     verify_ms_per_pass: float = 0.0
-    commit_ms_per_pass: float = 0.0  # cutting caches back (recurrent: the rollback)
+    commit_ms_per_pass: float | None = None  # cutting caches back (recurrent: the rollback)
     tokens: list[list[int]] = field(default_factory=list)
 
 
-def timed(stream: Iterable[Any], is_token: Callable[[Any], bool]) -> tuple[list[Any], float]:
-    """Consume a token stream; return its items and decode tok/s measured the same way for
-    every engine: (tokens − 1) / (time of last token − time of first token)."""
-    items, first, last, n = [], 0.0, 0.0, 0
+@dataclass
+class Timing:
+    """A token stream as every engine is timed: when it started, when each token arrived."""
+
+    start: float
+    arrivals: list[float]
+
+    @property
+    def tok_s(self) -> float:
+        """(tokens − 1) / (time of last token − time of first token)."""
+        a = self.arrivals
+        return (len(a) - 1) / (a[-1] - a[0]) if len(a) > 1 and a[-1] > a[0] else 0.0
+
+    @property
+    def ttft_s(self) -> float:
+        return self.arrivals[0] - self.start if self.arrivals else 0.0
+
+    @property
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
+
+
+def timed(stream: Iterable[Any], is_token: Callable[[Any], bool]) -> tuple[list[Any], Timing]:
+    """Consume a token stream; return its items and their Timing."""
+    items, timing = [], Timing(time.perf_counter(), [])
     for item in stream:
         items.append(item)
         if is_token(item):
-            now = time.perf_counter()
-            first = first or now
-            last, n = now, n + 1
-    return items, (n - 1) / (last - first) if n > 1 and last > first else 0.0
+            timing.arrivals.append(time.perf_counter())
+    return items, timing
+
+
+def itl_ms(gaps: list[float]) -> tuple[float, float]:
+    p50, p90, _ = quantiles(gaps)
+    return 1e3 * p50, 1e3 * p90
 
 
 def run_ours(engine: Engine, prompts: list[list[int]], max_tokens: int, sampling: SamplingConfig,
              row: Row) -> Row:
-    rates, stats = [], []
+    rates, stats, gaps = [], [], []
     for i, ids in enumerate(prompts):
         engine.reset()
         cfg = SamplingConfig(**{**asdict(sampling), "seed": i})
-        items, rate = timed(engine.generate(ids, max_tokens=max_tokens, sampling=cfg,
-                                            ignore_eos=True),  # fixed-length rows
-                            lambda e: isinstance(e, TokenEvent))
+        items, timing = timed(engine.generate(ids, max_tokens=max_tokens, sampling=cfg,
+                                              ignore_eos=True),  # fixed-length rows
+                              lambda e: isinstance(e, TokenEvent))
         end = items[-1]
         assert isinstance(end, TurnEnd)
-        rates.append(rate)
+        rates.append(timing.tok_s)
+        gaps += timing.gaps
         stats.append(end.stats)
         row.tokens.append(list(end.tokens))
     row.tok_s = sum(rates) / len(rates)
+    row.itl_p50_ms, row.itl_p90_ms = itl_ms(gaps)
     t = Totals.from_turns(stats)
     passes = max(t.passes, 1)
     row.tokens_per_pass = t.tokens_per_pass
@@ -128,7 +158,7 @@ def run_mlx_lm(target: TargetModel, draft: TargetModel | None, prompts: list[lis
     from mlx_lm.generate import generate_step, speculative_generate_step
     from mlx_lm.sample_utils import make_sampler
 
-    rates, from_draft, total = [], 0, 0
+    rates, from_draft, total, gaps, ttfts = [], 0, 0, [], []
     for i, ids in enumerate(prompts):
         mx.random.seed(i)
         sampler = make_sampler(temp=temperature, top_p=top_p if top_p < 1 else 0.0)
@@ -141,16 +171,24 @@ def run_mlx_lm(target: TargetModel, draft: TargetModel | None, prompts: list[lis
                                                num_draft_tokens=k, max_tokens=max_tokens,
                                                sampler=sampler)
         mx.reset_peak_memory()
-        items, rate = timed(stream, lambda _: True)
-        rates.append(rate)
+        items, timing = timed(stream, lambda _: True)
+        rates.append(timing.tok_s)
+        gaps += timing.gaps
+        ttfts.append(timing.ttft_s)
         row.tokens.append([int(it[0]) for it in items])
         if draft is not None:
             from_draft += sum(bool(it[2]) for it in items)
             total += len(items)
         row.peak_memory_mb = max(row.peak_memory_mb, mx.get_peak_memory() / 2**20)
     row.tok_s = sum(rates) / len(rates)
-    if draft is not None and total:
+    row.ttft_s = sum(ttfts) / len(ttfts)
+    row.itl_p50_ms, row.itl_p90_ms = itl_ms(gaps)
+    if draft is None:
+        row.tokens_per_pass = 1.0  # one forward per token, by construction
+    elif total:
+        # each target pass yields its accepted drafts (from_draft) and one token of its own
         row.acceptance_rate = from_draft / total  # share of tokens that came from the draft
+        row.tokens_per_pass = total / max(total - from_draft, 1)
     return row
 
 
@@ -172,8 +210,11 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
     log(f"target: demo widened to {n_params / 1e6:.0f}M params f32 "
         f"({cfg.hidden}x{cfg.layers}, ffn {cfg.ffn})")
     prompts = prompts_from_corpus(tok, cfg.prompts)
-    costs = measure_verify_costs(wide, max(8, cfg.num_draft))
-    log("verify cost, q=1..9 tokens (×1 token): " + " ".join(f"{c / costs[0]:.2f}" for c in costs))
+    raw = measure_verify_costs(wide, max(8, cfg.num_draft), smooth=False)
+    costs = smooth_linear(raw)
+    log("verify cost, q=1..9 tokens (×1 token), line fit: "
+        + " ".join(f"{c / costs[0]:.2f}" for c in costs)
+        + "; fastest timings: " + " ".join(f"{1e3 * c:.1f}" for c in raw) + " ms")
     k = cfg.num_draft
 
     def mtp():
@@ -207,6 +248,11 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
                           temp, top_p))
         group.append(ours(wide, mtp(), "auto", f"ours mtp auto {tag}", "mtp", "f32", temp,
                           top_p))
+        if top_p == 1.0:  # a perfect drafter: the target's own unwidened twin
+            for kk in (k, "auto"):
+                group.append(ours(wide, DraftModelDrafter(small, wide), kk,
+                                  f"ours twin draft {'k=' + str(kk) if kk != 'auto' else 'auto'}"
+                                  f" {tag}", "draft (twin)", "f32", temp, top_p))
         if temp == 0.0:
             for kk in cfg.sweep:
                 if kk == k:
@@ -215,10 +261,13 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
                                   temp, top_p))
                 group.append(ours(wide, DraftModelDrafter(draft, wide), kk,
                                   f"ours draft k={kk} {tag}", "draft", "f32", temp, top_p))
+        mlx_lm_base = next((r.tok_s for r in group if r.name.startswith("mlx-lm generate")),
+                           None)
         for r in group:
             r.speedup_vs_target = r.tok_s / base if base else 0.0
+            r.speedup_vs_mlx_lm = r.tok_s / mlx_lm_base if mlx_lm_base else None
             log(f"{r.name:<36} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}  "
-                f"{r.tokens_per_pass:.2f} tok/pass  acc {r.acceptance_rate:.0%}")
+                f"{_f(r.tokens_per_pass, '.2f')} tok/pass  acc {_f(r.acceptance_rate, '.0%')}")
         rows.extend(group)
 
     if cfg.quantized_rows:
@@ -233,6 +282,16 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
             r.speedup_vs_target = r.tok_s / group[0].tok_s if group[0].tok_s else 0.0
             log(f"{r.name:<36} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}")
         rows.extend(group)
+
+    log("-- the bundled 8-bit demo target, as the app runs it")
+    demo, _ = load_target(demo_model())
+    group = [ours(demo, None, 1, "demo q8 target-only T=0", "none", "8bit", 0.0, 1.0),
+             ours(demo, load_mtp_drafter(find_mtp_head(demo_model(), demo), demo), "auto",
+                  "demo q8 mtp auto T=0", "mtp", "8bit", 0.0, 1.0)]
+    for r in group:
+        r.speedup_vs_target = r.tok_s / group[0].tok_s if group[0].tok_s else 0.0
+        log(f"{r.name:<36} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}")
+    rows.extend(group)
 
     for r in rows:
         if r.engine == "mlx-spec" and r.drafter != "none" and r.target == "f32":
@@ -252,7 +311,9 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
     result = {
         "machine": machine(),
         "target": {"params": n_params, "hidden": cfg.hidden, "layers": cfg.layers,
-                   "dtype": "float32", "verify_cost_ratio": [c / costs[0] for c in costs]},
+                   "dtype": "float32", "verify_cost_ratio": [c / costs[0] for c in costs],
+                   "verify_cost_ms": [1e3 * c for c in raw]},
+        "auto_vs_best_fixed": auto_vs_best_fixed(rows),
         "config": asdict(cfg),
         "greedy_identical": not mismatched,
         "greedy_mismatched_rows": mismatched,
@@ -263,6 +324,23 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
     log(f"greedy rows identical: {not mismatched}" + (f" (differ: {mismatched})"
                                                        if mismatched else ""))
     return result
+
+
+def _f(value: float | None, spec: str, prefix: str = "") -> str:
+    return "–" if value is None else f"{prefix}{value:{spec}}"
+
+
+def auto_vs_best_fixed(rows: list[Row]) -> list[dict[str, Any]]:
+    """Each auto row ÷ the fastest fixed-k row of the same drafter, target and temperature."""
+    out = []
+    for auto in (r for r in rows if r.num_draft == "auto" and r.engine == "mlx-spec"):
+        fixed = [r for r in rows if r.engine == "mlx-spec" and r.drafter == auto.drafter
+                 and r.target == auto.target and r.temperature == auto.temperature
+                 and r.top_p == auto.top_p and isinstance(r.num_draft, int)]
+        if fixed:
+            best = max(fixed, key=lambda r: r.tok_s)
+            out.append({"auto": auto.name, "best": best.name, "ratio": auto.tok_s / best.tok_s})
+    return out
 
 
 def efficiency(r: Row, costs: tuple[float, ...]) -> float | None:
@@ -299,28 +377,43 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
         f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on {m['device']}, "
         f"mlx-lm {m['mlx_lm']}, OpenBLAS preloaded: {m['openblas_preloaded']}.",
         f"Target: the demo target widened to {result['target']['params'] / 1e6:.0f}M params "
-        f"(f32, function-preserving); verify cost for q = 1..9 tokens relative to 1: "
+        f"(f32, function-preserving); verify cost for q = 1..9 tokens relative to 1 "
+        f"(a least-squares line through the fastest timings): "
         + ", ".join(f"{x:.2f}" for x in result["target"]["verify_cost_ratio"]) + ".",
         f"Greedy rows produced identical tokens: **{result['greedy_identical']}**.",
         "",
-        "| row | engine | tok/s | speedup | tokens/pass | acceptance | per-position | "
-        "draft/verify share | commit ms/pass | TTFT ms | peak MB | efficiency |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| row | engine | tok/s | speedup | vs mlx-lm | tokens/pass | acceptance | "
+        "per-position | draft/verify share | commit ms/pass | TTFT ms | ITL p50/p90 ms | "
+        "peak MB | efficiency |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         pos = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]) or "–"
-        eff = f"{r['efficiency']:.2f}" if r["efficiency"] is not None else "–"
+        share = (f"{r['draft_share']:.0%}/{r['verify_share']:.0%}"
+                 if r["draft_share"] is not None else "–")
         lines.append(
             f"| {r['name']} | {r['engine']} | {r['tok_s']:.1f} | ×{r['speedup_vs_target']:.2f} | "
-            f"{r['tokens_per_pass']:.2f} | {r['acceptance_rate']:.0%} | {pos} | "
-            f"{r['draft_share']:.0%}/{r['verify_share']:.0%} | {r['commit_ms_per_pass']:.2f} | "
-            f"{r['ttft_s'] * 1000:.0f} | "
-            f"{r['peak_memory_mb']:.0f} | {eff} |")
+            f"{_f(r['speedup_vs_mlx_lm'], '.2f', '×')} | {_f(r['tokens_per_pass'], '.2f')} | "
+            f"{_f(r['acceptance_rate'], '.0%')} | {pos} | {share} | "
+            f"{_f(r['commit_ms_per_pass'], '.2f')} | "
+            f"{_f(r['ttft_s'] and r['ttft_s'] * 1000, '.0f')} | "
+            f"{_f(r['itl_p50_ms'], '.0f')}/{_f(r['itl_p90_ms'], '.0f')} | "
+            f"{r['peak_memory_mb']:.0f} | {_f(r['efficiency'], '.2f')} |")
+    lines += ["", "Adaptive draft length (`auto`) against the best fixed k of the same drafter "
+              "and temperature in this run:", ""]
+    lines += [f"- {a['auto']}: ×{a['ratio']:.2f} of {a['best']}"
+              for a in result.get("auto_vs_best_fixed", [])]
     if result.get("hybrid"):
         lines += hybrid_section(result["hybrid"])
-    lines += ["", "Speedup is against our target-only row at the same temperature. mlx-lm's "
-              "acceptance column is its share of tokens flagged `from_draft`. Efficiency = "
-              "measured speedup ÷ (tokens per pass × c(1) / (c(k+1) + draft time per pass)).",
+    lines += ["", "Speedup is against our target-only row at the same temperature; `vs "
+              "mlx-lm` against mlx-lm `generate_step` at the same temperature. mlx-lm's "
+              "acceptance column is its share of tokens flagged `from_draft`, its tokens/pass "
+              "all tokens ÷ those not from the draft (one per target pass); `–` where an engine "
+              "does not report a value. ITL: gaps between consecutive tokens as the caller got "
+              "them (speculation hands over a round's tokens at once). Efficiency = "
+              "measured speedup ÷ (tokens per pass × c(1) / (c(k+1) + draft time per pass)), "
+              "c from the line fit; the raw verify timings (ms, q = 1..9): "
+              + ", ".join(f"{x:.1f}" for x in result["target"].get("verify_cost_ms", [])) + ".",
               "", "![speedup vs draft length](bench.png)", ""]
     (out / "BENCH.md").write_text("\n".join(lines))
     plot(result, out / "bench.png")

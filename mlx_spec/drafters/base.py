@@ -22,6 +22,7 @@ class Draft:
 
     tokens: list[int] = field(default_factory=list)
     probs: mx.array | None = None
+    fed: int = 1  # tokens the drafter read before drafting (more than a few: a catch-up)
 
 
 @dataclass
@@ -63,7 +64,8 @@ class Drafter(Protocol):
         """The drafter's state arrays (evaluated by the engine at the end of every turn)."""
 
 
-def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
+def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler, *,
+                fed: int = 1) -> Draft:
     """k autoregressive draft steps: step(input) -> next-token logits [V]; each sampled token is
     the next input. Tokens stay lazy on the device (no host sync per step) unless the
     repetition penalty needs them as ints; one sync at the end."""
@@ -76,4 +78,4 @@ def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler) 
         if q is not None:
             probs.append(q)
         x = token.reshape(1)
-    return Draft(mx.stack(tokens).tolist(), mx.stack(probs) if probs else None)
+    return Draft(mx.stack(tokens).tolist(), mx.stack(probs) if probs else None, fed)

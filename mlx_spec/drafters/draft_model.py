@@ -67,7 +67,8 @@ class DraftModelDrafter:
 
     def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
         # catch up on committed tokens not yet seen (the pending one at least), then one step each
-        return draft_chain(self._step, ctx.tokens[self.cached :], ctx, k, sampler)
+        behind = ctx.tokens[self.cached :]
+        return draft_chain(self._step, behind, ctx, k, sampler, fed=len(behind))
 
     def arrays(self) -> list:
         return [c.state for c in self.cache]

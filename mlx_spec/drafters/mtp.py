@@ -251,6 +251,7 @@ class MTPDrafter:
                 return self.head(self._embed(tokens), h, keys, values, self.rope, pos)
 
             first = (ctx.tokens[-1:], self.hist.rows(n - 2, n - 1)[None], n - 1)
+            fed = 1
         else:
             start = self.cached + self.first  # catch up on every committed token not yet seen
 
@@ -263,6 +264,7 @@ class MTPDrafter:
                 return self.head(emb, h, self.cache[0], mask)
 
             first = (ctx.tokens[start:], self.hist.rows(start - 1, n - 1)[None], start)
+            fed = n - start
             self.trusted = n
         state = {"h": None, "pos": n - 1}
 
@@ -276,7 +278,7 @@ class MTPDrafter:
             state["h"] = h[:, -1:]
             return self.target.head(state["h"])[0, -1]
 
-        return draft_chain(next_logits, None, ctx, k, sampler)
+        return draft_chain(next_logits, None, ctx, k, sampler, fed=fed)
 
     def arrays(self) -> list:
         return [c.state for c in self.cache] + ([self.hist.buf] if self.hist.buf is not None
