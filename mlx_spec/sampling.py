@@ -83,24 +83,46 @@ def penalize(
     return mx.put_along_axis(logits, idx, picked, axis=-1)
 
 
+CANDIDATES = 1024  # top-p looks among this many most likely tokens first (exact fall-back)
+
+
 def probabilities(logits: mx.array, cfg: SamplingConfig) -> mx.array:
-    """Turn (already penalized) logits [n, V] into the distributions actually sampled from."""
+    """Turn (already penalized) logits [n, V] into the distributions actually sampled from.
+
+    No full sort of a row at real vocabulary sizes (151,936 for Qwen, 262,144 for Gemma): top-k
+    is a partial selection; top-p sorts only the candidates that can hold the nucleus."""
     logits = logits.astype(mx.float32) / cfg.temperature
     if cfg.top_k and cfg.top_k < logits.shape[-1]:
-        kth = mx.sort(logits, axis=-1)[..., -cfg.top_k][..., None]
+        kth = mx.topk(logits, cfg.top_k, axis=-1).min(axis=-1, keepdims=True)
         logits = mx.where(logits < kth, -mx.inf, logits)
     probs = mx.softmax(logits, axis=-1)
     if cfg.top_p < 1.0:
-        # keep a token if the mass strictly above it is < top_p (so the top token always stays)
-        order = mx.argsort(-probs, axis=-1)
-        sorted_p = mx.take_along_axis(probs, order, axis=-1)
-        above = mx.cumsum(sorted_p, axis=-1) - sorted_p
-        keep_sorted = above < cfg.top_p
-        keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
-        probs = mx.where(keep, probs, 0.0)
+        probs = mx.where(probs >= nucleus_floor(probs, cfg), probs, 0.0)
     if cfg.min_p > 0.0:
         probs = mx.where(probs < cfg.min_p * probs.max(axis=-1, keepdims=True), 0.0, probs)
     return probs / probs.sum(axis=-1, keepdims=True)
+
+
+def nucleus_floor(probs: mx.array, cfg: SamplingConfig) -> mx.array:
+    """The smallest probability in each row's nucleus [n, 1]: sorted by probability, a token is
+    in while the mass strictly above it is < top_p (so the top token always is); ties with the
+    last one are in too. Only the most likely tokens can be in it, so only they are sorted: the
+    top_k survivors when top-k is on (the rest have no mass), else the CANDIDATES most likely,
+    which suffice exactly when they hold top_p of the mass (else the whole row is sorted)."""
+    vocab = probs.shape[-1]
+    width = cfg.top_k if cfg.top_k and cfg.top_k < vocab else vocab
+    if width > CANDIDATES:
+        top = mx.topk(probs, CANDIDATES, axis=-1)
+        if bool((top.sum(axis=-1) >= cfg.top_p).all()):  # one sync, top-p without top-k only
+            return _floor(top, cfg.top_p)
+        return _floor(probs, cfg.top_p)
+    return _floor(mx.topk(probs, width, axis=-1) if width < vocab else probs, cfg.top_p)
+
+
+def _floor(candidates: mx.array, top_p: float) -> mx.array:
+    desc = -mx.sort(-candidates, axis=-1)
+    above = mx.cumsum(desc, axis=-1) - desc
+    return mx.where(above < top_p, desc, mx.inf).min(axis=-1, keepdims=True)
 
 
 def categorical(probs: mx.array, key: mx.array) -> mx.array:

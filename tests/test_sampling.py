@@ -162,3 +162,39 @@ def test_sampler_applies_the_same_processing_to_target_and_draft():
 def test_bad_sampling_options_are_rejected(bad):
     with pytest.raises(ValueError):
         SamplingConfig(**bad)
+
+
+def test_processing_at_a_real_vocabulary_size_equals_a_full_sort():
+    """Top-k by partial selection and top-p among candidates give what sorting every row gives
+    (the rule written out with full sorts here), at Qwen's vocabulary size."""
+    import numpy as np
+
+    from mlx_spec.sampling import CANDIDATES, SamplingConfig, probabilities
+
+    def by_full_sort(logits, cfg):
+        x = np.array(logits, dtype=np.float64) / cfg.temperature
+        if cfg.top_k:
+            kth = np.sort(x, axis=-1)[:, -cfg.top_k][:, None]
+            x = np.where(x < kth, -np.inf, x)
+        p = np.exp(x - x.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        if cfg.top_p < 1:
+            desc = -np.sort(-p, axis=-1)
+            above = np.cumsum(desc, axis=-1) - desc
+            floor = np.where(above < cfg.top_p, desc, np.inf).min(axis=-1, keepdims=True)
+            p = np.where(p >= floor, p, 0.0)
+        return p / p.sum(axis=-1, keepdims=True)
+
+    mx.random.seed(1)
+    for scale in (4.0, 0.5):  # peaked rows (nucleus among the candidates) and flat ones (not)
+        logits = mx.random.normal((5, 151_936)) * scale
+        for cfg in (SamplingConfig(temperature=0.7, top_p=0.9, top_k=50),
+                    SamplingConfig(temperature=0.7, top_p=0.9),
+                    SamplingConfig(temperature=1.0, top_k=CANDIDATES + 5)):
+            ours, want = np.array(probabilities(logits, cfg)), by_full_sort(logits, cfg)
+            flipped = (ours > 0) != (want > 0)
+            # the same tokens kept; a flat row's 100k-token nucleus may differ by float32
+            # rounding in the last few tokens of its cumulative sum, and no more
+            assert (np.where(flipped, np.maximum(ours, want), 0).sum(axis=-1) < 1e-4).all()
+            assert flipped.sum() == 0 or scale < 1
+            np.testing.assert_allclose(ours, want, atol=1e-5)

@@ -308,8 +308,14 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
     for target in ("f32", "f32-hybrid"):
         greedy = [r for r in rows if r.temperature == 0 and r.target == target]
         mismatched += [r.name for r in greedy if r.tokens != greedy[0].tokens]
+    from .vocab import vocabulary_cost
+
+    vocabulary = vocabulary_cost()
+    log(f"sampler at V={vocabulary['vocab']}: {vocabulary['ms']:.2f} ms for p and q of a k=4 "
+        f"round, ×{vocabulary['ratio']:.2f} the softmax of the same rows")
     result = {
         "machine": machine(),
+        "vocabulary": vocabulary,
         "target": {"params": n_params, "hidden": cfg.hidden, "layers": cfg.layers,
                    "dtype": "float32", "verify_cost_ratio": [c / costs[0] for c in costs],
                    "verify_cost_ms": [1e3 * c for c in raw]},
@@ -403,6 +409,12 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
               "and temperature in this run:", ""]
     lines += [f"- {a['auto']}: ×{a['ratio']:.2f} of {a['best']}"
               for a in result.get("auto_vs_best_fixed", [])]
+    if v := result.get("vocabulary"):
+        lines += ["", f"Sampler at a real vocabulary size (V = {v['vocab']:,}, T = "
+                  f"{v['temperature']:g}, top-p {v['top_p']:g}, top-k {v['top_k']}): processing "
+                  f"the {v['k'] + 1} target rows and {v['k']} draft rows of a k={v['k']} round "
+                  f"takes {v['ms']:.2f} ms, ×{v['ratio']:.2f} the softmax of the same rows "
+                  f"({v['softmax_ms']:.2f} ms; fastest of 20)."]
     if result.get("hybrid"):
         lines += hybrid_section(result["hybrid"])
     lines += ["", "Speedup is against our target-only row at the same temperature; `vs "
