@@ -12,7 +12,8 @@ where c(q) grows linearly in q.
 What it has not tried it estimates, rather than assuming: α_1 is shrunk toward a prior, and each
 deeper α_i toward the estimate of the position before it, so an untried position starts where
 its neighbour is (a good drafter's deep positions look good until measured otherwise). While
-speculation is off, a probe round every `probe_every` rounds keeps α_1 and d measured; while on,
+speculation is off, a probe round keeps α_1 and d measured (every `probe_every` rounds at
+first, then ever less often while speculation stays off); while on,
 every `explore_every` rounds one draft more than the best is tried, so positions beyond the
 current choice get measured too. A drafter's catch-up over a new prompt is not charged as
 per-token drafting cost (rounds that fed it more than k_max + 1 tokens are left out of d).
@@ -80,6 +81,7 @@ class AdaptiveDraftLength:
         self.slowdown = 1.0  # r: measured verify time / calibrated c(k+1)
         self.decay, self.probe_every, self.explore_every = decay, probe_every, explore_every
         self.rounds_off = self.rounds_on = 0
+        self.probe_gap = probe_every  # rounds between probes while off (doubles, see choose)
 
     def alphas(self) -> list[float]:
         """Each α_i shrunk toward the estimate before it (α_1 toward the prior)."""
@@ -91,11 +93,17 @@ class AdaptiveDraftLength:
         return out
 
     def expected_tokens(self, k: int) -> float:
-        total, run = 1.0, 1.0
-        for alpha in self.alphas()[:k]:
+        return self._expected(self.alphas())[k]
+
+    @staticmethod
+    def _expected(alphas: list[float]) -> list[float]:
+        """E(k) for k = 0..k_max in one pass."""
+        out, total, run = [1.0], 1.0, 1.0
+        for alpha in alphas:
             run *= alpha
             total += run
-        return total
+            out.append(total)
+        return out
 
     def round_cost(self, k: int) -> float:
         return self.overhead + k * self.draft_cost + self.slowdown * self.costs[k]
@@ -106,13 +114,20 @@ class AdaptiveDraftLength:
 
     def choose(self, limit: int | None = None) -> int:
         top = self.k_max if limit is None else min(self.k_max, limit)
-        best = max(range(top + 1), key=self.rate)
+        expected = self._expected(self.alphas())
+        best = max(range(top + 1), key=lambda k: expected[k] / self.round_cost(k))
         if best == 0:
             self.rounds_off += 1
-            if self.rounds_off % self.probe_every == 0 and top >= 1:
-                return 1  # probe: keep α_1 (and d) measured while speculation is off
+            if self.rounds_off >= self.probe_gap and top >= 1:
+                # probe: keep α_1 and d measured while speculation is off; each probe that
+                # finds it still off doubles the wait, so a target where speculation cannot
+                # pay (a quantized one on a CPU) pays for probes less and less
+                self.rounds_off = 0
+                self.probe_gap = min(2 * self.probe_gap, 64 * self.probe_every)
+                return 1
             return 0
-        self.rounds_off = 0
+        if self.rounds_off or self.probe_gap != self.probe_every:
+            self.rounds_off, self.probe_gap = 0, self.probe_every  # on again: probes reset
         self.rounds_on += 1
         if self.rounds_on % self.explore_every == 0 and best < top:
             return best + 1  # explore: measure the position just past the current choice

@@ -105,3 +105,20 @@ def test_policies_are_kept_per_drafter_and_per_greedy_or_sampled(load):
     run(engine, max_tokens=12)
     assert set(engine.policies) == {("draft", True), ("draft", False), ("ngram", True)}
     assert engine.policy is engine.policies[("ngram", True)]
+
+
+def test_probes_back_off_while_speculation_cannot_pay():
+    """A target where speculation never pays: each probe that confirms it doubles the wait, so
+    over 2,000 rounds they cost a handful of rounds, not one in sixteen."""
+    policy = AdaptiveDraftLength([1.0 * q for q in range(1, 10)], draft_cost=0.05)
+    ks = []
+    for _ in range(2000):
+        k = policy.choose()
+        ks.append(k)
+        policy.observe(k, 0, draft_seconds=0.05 * k)
+    assert 1 in ks and ks.count(1) <= 8
+    # and when it starts to pay, probing is frequent again
+    cheap = AdaptiveDraftLength([1.0 + 0.01 * q for q in range(9)], draft_cost=0.01)
+    cheap.probe_gap = 512
+    feed(cheap, 50, lambda i: True)
+    assert cheap.probe_gap == cheap.probe_every and cheap.choose() > 0
