@@ -132,7 +132,7 @@ def missing(name: str, *, drafter: str | None = None) -> str | None:
     """Why `name` cannot launch from the cache (None: it can)."""
     try:
         launch_for(name, drafter=drafter)
-    except NotDownloaded as e:
+    except MlxSpecError as e:  # not downloaded, or a pair that cannot launch (tokenizers)
         return str(e)
     return None
 
