@@ -264,11 +264,17 @@ def fetched(args: argparse.Namespace) -> tuple[Any, str, Any, Any]:
     from . import hub
 
     launch = hub.pull(model, progress=_bar())
+    return (launch.target, *launch_drafter(launch, drafter, draft_model, mtp))
+
+
+def launch_drafter(launch: Any, drafter: str, draft_model: Any, mtp: Any) -> tuple[str, Any, Any]:
+    """(drafter, draft_model, mtp): the pulled pair's, unless the user chose a drafter; its
+    warnings (a drafter kind not loadable yet) go to stderr."""
     for w in launch.warnings:
         print(f"mlx-spec: warning: {w}", file=sys.stderr)
-    if drafter == "auto" and draft_model is None and mtp is None:
-        drafter, draft_model, mtp = launch.drafter, launch.draft_model, launch.mtp
-    return launch.target, drafter, draft_model, mtp
+    if drafter == "auto" and not draft_model and not mtp:
+        return launch.drafter, launch.draft_model, launch.mtp
+    return drafter, draft_model, mtp
 
 
 def _bar():
@@ -322,11 +328,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
         launch = hub.launch_for(model)  # an unknown name is one line here, before the app opens
     except hub.NotDownloaded:
         return run_app(pull=model, **options)
-    for w in launch.warnings:
-        print(f"mlx-spec: warning: {w}", file=sys.stderr)
-    if options["drafter"] == "auto" and not options["draft_model"] and not options["mtp"]:
-        options.update(drafter=launch.drafter, draft_model=_str(launch.draft_model),
-                       mtp=_str(launch.mtp))
+    drafter, draft_model, mtp = launch_drafter(launch, options["drafter"],
+                                               options["draft_model"], options["mtp"])
+    options.update(drafter=drafter, draft_model=_str(draft_model), mtp=_str(mtp))
     return run_app(model=str(launch.target), **options)
 
 

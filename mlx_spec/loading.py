@@ -17,13 +17,9 @@ def load_target(path_or_repo: str | Path, *, lazy: bool = False) -> tuple[Target
     lazy: weights are mapped, not read, until used (to inspect a model's layout)."""
     from mlx_lm import load
 
-    local: Path | None = None
-    if is_local(path_or_repo):
-        local = Path(path_or_repo).expanduser()
-        _check_model_dir(local)
-        source = str(local)
-    else:
-        source = str(path_or_repo)
+    local = _local_dir(path_or_repo)  # a hub repo id is fetched (resumably) first
+    _check_model_dir(local)
+    source = str(local)
     try:
         model, tokenizer, config = load(source, return_config=True, lazy=lazy)
     except ModelLoadError:
@@ -35,21 +31,9 @@ def load_target(path_or_repo: str | Path, *, lazy: bool = False) -> tuple[Target
         or config.get("text_config", {}).get("max_position_embeddings")
         or 4096
     )
-    if local is None:
-        local = _snapshot_dir(source)
     target = TargetModel(model, context_length=context, name=_display_name(path_or_repo),
                          path=local, config=config, tokenizer=tokenizer)
     return target, tokenizer
-
-
-def _snapshot_dir(repo: str) -> Path | None:
-    """The local copy of a hub repo mlx-lm just loaded (None if it cannot be found)."""
-    try:
-        from mlx_lm.utils import hf_repo_to_path
-
-        return hf_repo_to_path(repo)
-    except Exception:
-        return None
 
 
 def _check_model_dir(path: Path) -> None:
@@ -67,16 +51,17 @@ def _check_model_dir(path: Path) -> None:
 
 
 def _local_dir(name: str | Path) -> Path:
-    """A local directory for a path, or for a hub repo id such as a sidecar MTP head
-    (`mlx-community/Qwen3.6-27B-MTP-4bit`), fetched into the Hugging Face cache if needed."""
+    """A local directory for a path, or for a hub repo id (a model, a sidecar MTP head such as
+    `mlx-community/Qwen3.6-27B-MTP-4bit`), fetched into the Hugging Face cache if needed, the
+    way `mlx-spec pull` fetches (hub/download.py)."""
     if is_local(name) or str(name).count("/") != 1:
         return Path(name).expanduser()
-    try:
-        from huggingface_hub import snapshot_download
+    from .hub import DownloadError, fetch
 
-        return Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors"]))
-    except Exception as e:
-        raise ModelLoadError(f"cannot fetch {name}: {first_line(e)}") from e
+    try:
+        return fetch(str(name))
+    except DownloadError as e:
+        raise ModelLoadError(f"cannot fetch {name}: {e}") from e
 
 
 def is_local(name: str | Path) -> bool:

@@ -46,6 +46,8 @@ INTERRUPTED = "[interrupted]"  # the app ended (killed, crashed) while the answe
 
 def stats_line(s: TurnStats, baseline: Baseline | None) -> str:
     """One line under an answer. Speedup is against the target-only baseline measured at load."""
+    if not s.generated_tokens:  # nothing was timed: no rates to show (never a 0 as if measured)
+        return " · ".join([STOPPED] * (s.finish_reason == "cancelled") + ["no tokens"])
     parts = [f"{s.generated_tokens} tokens", f"{s.tok_s:.1f} tok/s",
              f"TTFT {s.ttft_s * 1e3:.0f} ms"]
     if s.drafted:

@@ -17,6 +17,7 @@ from .. import cache as kv
 from ..errors import TokenizerMismatchError
 from ..model import TargetModel
 from ..sampling import Sampler
+from ..vocab import check_same
 from .base import Draft, DraftContext, draft_chain
 
 
@@ -87,10 +88,8 @@ def shared_vocabulary(draft: TargetModel, target: TargetModel) -> int:
                 f"draft model vocabulary ({draft.vocab_size}) differs from the target's "
                 f"({target.vocab_size}); they must share a tokenizer")
         return target.vocab_size
-    a, b = draft.tokenizer.get_vocab(), target.tokenizer.get_vocab()
-    if a != b:
-        raise TokenizerMismatchError(f"{draft.name} does not share {target.name}'s tokenizer: "
-                                     f"{_first_difference(a, b)}")
+    b = target.tokenizer.get_vocab()
+    check_same(draft.tokenizer.get_vocab(), b, draft.name, target.name)
     n = max(b.values()) + 1
     if n > min(draft.vocab_size, target.vocab_size):
         raise TokenizerMismatchError(
@@ -98,16 +97,3 @@ def shared_vocabulary(draft: TargetModel, target: TargetModel) -> int:
             if n > draft.vocab_size else
             f"{target.name}'s tokenizer has {n} tokens but the model only {target.vocab_size}")
     return n
-
-
-def _first_difference(draft: dict[str, int], target: dict[str, int]) -> str:
-    if len(draft) != len(target):
-        head = f"{len(draft)} tokens against {len(target)}"
-    else:
-        head = "the same number of tokens, other ids"
-    for token, i in sorted(target.items(), key=lambda kv: kv[1]):
-        if draft.get(token) != i:
-            where = "missing" if token not in draft else f"id {draft[token]}"
-            return f"{head}; e.g. {token!r} is id {i} for the target, {where} for the draft"
-    extra = next(t for t in draft if t not in target)
-    return f"{head}; e.g. {extra!r} exists only for the draft"

@@ -17,7 +17,8 @@ import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import MlxSpecError, TokenizerMismatchError
+from ..errors import MlxSpecError
+from ..vocab import check_same, read_vocabulary
 from . import heads
 from .download import DownloadError, ProgressFn, cache_root, fetch, local_snapshot
 from .presets import Preset, UnknownPresetError, find, looks_like_repo, presets
@@ -213,22 +214,10 @@ def base_model(card: str) -> str | None:
 
 
 def _check_tokenizers(target: Path, draft: Path, plan: Plan) -> None:
-    """Same vocabulary (token -> id), read from tokenizer.json; embedding sizes may differ
-    (padded vocabularies) and that is fine."""
-    a, b = _vocab(target), _vocab(draft)
-    if a is None or b is None or a == b:
-        return
-    raise TokenizerMismatchError(f"{plan.drafter} does not share {plan.target}'s tokenizer; "
-                                 "a draft model must use the same one")
-
-
-def _vocab(path: Path) -> dict | None:
-    try:
-        model = json.loads((path / "tokenizer.json").read_text())["model"]
-    except (OSError, ValueError, KeyError):
-        return None
-    vocab = model.get("vocab")
-    return vocab if isinstance(vocab, dict) else None
+    """The draft model must share the target's tokenizer (read from the files, before launch)."""
+    a, b = read_vocabulary(draft), read_vocabulary(target)
+    if a is not None and b is not None:
+        check_same(a, b, str(plan.drafter), plan.target)
 
 
 @dataclass(frozen=True)

@@ -104,3 +104,11 @@ def test_buffer_and_answer_keep_span_offsets_aligned():
                            ["de", "accepted"]]
     spans = [(s.start, s.end, s.style) for s in answer.content.spans]
     assert spans == [(0, 1, "$success"), (1, 2, "bold underline $error"), (3, 5, "$success")]
+
+
+def test_a_turn_stopped_before_any_token_prints_no_rates():
+    from mlx_spec import TurnStats
+    from mlx_spec_app.widgets import stats_line
+
+    line = stats_line(TurnStats(finish_reason="cancelled", drafter="mtp"), None)
+    assert line == "[stopped] · no tokens"
