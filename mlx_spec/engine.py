@@ -132,6 +132,9 @@ class Engine:
         Returns how many prompt tokens were reused."""
         reuse = _common_prefix(self.tokens, prompt)
         reuse = min(reuse, len(prompt) - 1, self.cached)
+        if reuse and reuse == len(prompt) - 1 and self.drafter is not None \
+                and self.drafter.needs_hidden:
+            reuse -= 1  # re-feed one token: its hidden state predicts the pending token
         if not kv.can_trim_to(self.cache, reuse, have=self.cached):
             self.reset()  # e.g. a rewritten history on a recurrent model: recompute it all
             reuse = 0

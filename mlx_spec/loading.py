@@ -147,11 +147,20 @@ def _ngram():
 
 
 def _draft_model(target: TargetModel, draft_model):
+    """--draft-model DIR: whatever drafter the directory holds, told apart by its config — a
+    Gemma 4 assistant, an EAGLE-3 head, an MTP head (ours or a sidecar), else a plain LM."""
     from .drafters import DraftModelDrafter
+    from .drafters.assistant import is_assistant, load_assistant
+    from .drafters.mtp import load_mtp_drafter
 
     if draft_model is None:
         raise ModelLoadError("--drafter draft needs --draft-model")
-    draft, _ = load_target(draft_model)
+    path = _local_dir(draft_model)
+    if is_assistant(path):
+        return load_assistant(path, target)
+    if (path / "mtp_config.json").exists() or nextn.is_sidecar(path):
+        return load_mtp_drafter(path, target)
+    draft, _ = load_target(path)
     return DraftModelDrafter(draft, target)
 
 

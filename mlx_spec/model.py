@@ -50,10 +50,14 @@ class TargetModel:
         return self.backbone.embed_tokens(tokens)
 
     def head(self, hidden: mx.array) -> mx.array:
-        """The target's LM head over final hidden states (shared by MTP drafters)."""
+        """The target's LM head over final hidden states (shared by MTP drafters), with the
+        model's own final soft-cap (Gemma 2 / 4: logits = cap · tanh(logits / cap))."""
         if "lm_head" in self.text:
-            return self.text.lm_head(hidden)
-        return self.backbone.embed_tokens.as_linear(hidden)
+            logits = self.text.lm_head(hidden)
+        else:
+            logits = self.backbone.embed_tokens.as_linear(hidden)
+        cap = getattr(self.text, "final_logit_softcapping", None)
+        return mx.tanh(logits / cap) * cap if cap else logits
 
     def forward(self, tokens: list[int] | mx.array, cache: list[Any], *, hidden: bool = False):
         """Logits [n, V] for n new tokens, appended to cache; with hidden=True also [n, D].
