@@ -46,9 +46,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", help="draft model (same tokenizer as the target)")
     p.add_argument("--mtp", help="MTP head: a directory or hub repo (default: the model's own, "
                                   "or one found beside it)")
-    p.add_argument("--num-draft", "-k", default="auto",
-                   help="tokens drafted per round: an integer >= 1, or 'auto' (default: chosen "
-                        "each round from measured costs and acceptance)")
+    p.add_argument("--num-draft", "-k", default=None,
+                   help="tokens drafted per round: an integer >= 1, or 'auto' (chosen each "
+                        "round from measured costs and acceptance). Default: the drafter's own "
+                        "length where its files give one (a Gemma 4 assistant's), else auto")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto")
     c.add_argument("--draft-model")
     c.add_argument("--mtp")
-    c.add_argument("--num-draft", "-k", default="auto")
+    c.add_argument("--num-draft", "-k", default=None)
 
     t = sub.add_parser("train-drafter", help="distil an MTP head for a target")
     t.add_argument("--target", required=True)
@@ -154,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
-def parse_num_draft(text: str) -> int | str:
-    if text == "auto":
-        return "auto"
+def parse_num_draft(text: str | None) -> int | str | None:
+    if text is None or text == "auto":
+        return text
     try:
         k = int(text)
     except ValueError:
@@ -317,7 +318,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     model = getattr(args, "model", None)
     options = dict(drafter=getattr(args, "drafter", "auto"),
                    draft_model=getattr(args, "draft_model", None), mtp=getattr(args, "mtp", None),
-                   num_draft=parse_num_draft(getattr(args, "num_draft", "auto")))
+                   num_draft=parse_num_draft(getattr(args, "num_draft", None)))
     if model is None or is_local(model):
         return run_app(model=model, **options)
     from . import hub

@@ -102,10 +102,13 @@ def load_engine(
     drafter: str = "auto",
     draft_model: str | Path | None = None,
     mtp: str | Path | None = None,
-    num_draft: int | str = "auto",
+    num_draft: int | str | None = None,
     kv_bits: int | None = None,
 ):
     """A ready Engine: target (default: the bundled demo), drafter, draft length.
+
+    num_draft: an int, "auto", or None: the drafter's own length where its files declare one
+    (a Gemma 4 assistant's `num_assistant_tokens`), else "auto".
 
     drafter: 'auto' (an MTP head beside the model, else --draft-model, else none), 'none',
     'draft', 'mtp' or 'ngram'."""
@@ -127,6 +130,8 @@ def load_engine(
         chosen = ("draft" if draft_model else
                   "mtp" if (mtp or find_mtp_head(model, target)) else "none")
     d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=mtp)
+    if num_draft is None:
+        num_draft = getattr(d, "default_k", None) or "auto"
     return Engine(target, tokenizer, d, num_draft=num_draft, kv_bits=kv_bits)
 
 

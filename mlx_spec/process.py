@@ -34,7 +34,7 @@ class Load:
     drafter: str
     draft_model: str | None
     mtp: str | None
-    num_draft: int | str
+    num_draft: int | str | None  # None: the drafter's own length, else auto
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ class EngineProcess:
     @classmethod
     def start(cls, *, model: str | None = None, drafter: str = "auto",
               draft_model: str | None = None, mtp: str | None = None,
-              num_draft: int | str = "auto") -> EngineProcess:
+              num_draft: int | str | None = None) -> EngineProcess:
         """Start the child and load there; returns when loaded. Raises MlxSpecError."""
         to_child, from_parent = os.pipe()[::-1]  # (write end, read end)
         from_child, to_parent = os.pipe()

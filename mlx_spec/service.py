@@ -93,7 +93,7 @@ class EngineInThread:
     @classmethod
     def load(cls, *, model: str | None = None, drafter: str = "auto",
              draft_model: str | None = None, mtp: str | None = None,
-             num_draft: int | str = "auto") -> EngineInThread:
+             num_draft: int | str | None = None) -> EngineInThread:
         from .loading import load_engine
 
         with _own_stream():

@@ -221,3 +221,20 @@ def test_missing_tensor_is_one_line(tmp_path, pair, pair_dir):
         load_assistant(out, target)
     assert "\n" not in str(e.value) and "post_projection" in str(e.value)
 
+
+
+def test_draft_model_dir_is_recognised_and_sets_the_draft_length(pair_dir, capsys):
+    """--draft-model DIR finds the assistant from its config; its generation_config's
+    num_assistant_tokens is the default length, -k overrides it, auto still works."""
+    from mlx_spec.cli import main
+    from mlx_spec.loading import load_engine
+
+    target_dir, assistant_dir = pair_dir("agree")
+    engine = load_engine(target_dir, draft_model=assistant_dir)
+    assert engine.drafter.name == "assistant"
+    assert (engine.num_draft, engine.adaptive) == (3, False)
+    assert load_engine(target_dir, draft_model=assistant_dir, num_draft="auto").adaptive
+    assert load_engine(target_dir, draft_model=assistant_dir, num_draft=5).num_draft == 5
+    assert main(["generate", "--model", str(target_dir), "--draft-model", str(assistant_dir),
+                 "--prompt", "def", "--max-tokens", "8"]) == 0
+    assert "assistant" in capsys.readouterr().err
