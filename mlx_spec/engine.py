@@ -141,7 +141,7 @@ class Engine:
         kv.trim_to(self.cache, reuse, have=self.cached)
         self.tokens, self.cached = list(prompt), reuse
         hidden = []
-        want_hidden = self.drafter is not None and self.drafter.needs_hidden
+        want_hidden = self.drafter.needs_hidden if self.drafter is not None else False
         for i in range(reuse, len(prompt) - 1, PREFILL_CHUNK):
             chunk = prompt[i : min(i + PREFILL_CHUNK, len(prompt) - 1)]
             _, h = self.target.forward(chunk, self.cache, hidden=want_hidden)
@@ -163,7 +163,7 @@ class Engine:
     def verify(self, draft: Draft) -> tuple[mx.array, mx.array | None]:
         """One target forward over [pending, d_1..d_k]: logits [k+1, V] (and hidden [k+1, D])."""
         inputs = self.tokens[self.cached :] + draft.tokens
-        want_hidden = self.drafter is not None and self.drafter.needs_hidden
+        want_hidden = self.drafter.needs_hidden if self.drafter is not None else False
         logits, hidden = self.target.forward(inputs, self.cache, hidden=want_hidden)
         self.cached += len(inputs)
         n = len(draft.tokens) + 1

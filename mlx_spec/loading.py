@@ -156,6 +156,7 @@ def _draft_model(target: TargetModel, draft_model):
     Gemma 4 assistant, an EAGLE-3 head, an MTP head (ours or a sidecar), else a plain LM."""
     from .drafters import DraftModelDrafter
     from .drafters.assistant import is_assistant, load_assistant
+    from .drafters.eagle3 import is_eagle3, load_eagle3
     from .drafters.mtp import load_mtp_drafter
 
     if draft_model is None:
@@ -163,6 +164,8 @@ def _draft_model(target: TargetModel, draft_model):
     path = _local_dir(draft_model)
     if is_assistant(path):
         return load_assistant(path, target)
+    if is_eagle3(path):
+        return load_eagle3(path, target)
     if (path / "mtp_config.json").exists() or nextn.is_sidecar(path):
         return load_mtp_drafter(path, target)
     draft, _ = load_target(path)

@@ -59,14 +59,45 @@ class TargetModel:
         cap = getattr(self.text, "final_logit_softcapping", None)
         return mx.tanh(logits / cap) * cap if cap else logits
 
-    def forward(self, tokens: list[int] | mx.array, cache: list[Any], *, hidden: bool = False):
-        """Logits [n, V] for n new tokens, appended to cache; with hidden=True also [n, D].
+    def forward(self, tokens: list[int] | mx.array, cache: list[Any], *,
+                hidden: bool | tuple[int, ...] = False):
+        """Logits [n, V] for n new tokens, appended to cache; with hidden=True also the final
+        hidden states [n, D]; with hidden=(i, j, ...) instead the inputs of layers i, j, ...
+        side by side, [n, D·len] (EAGLE-3's taps), from the same single pass.
         tokens may be a (lazy) mx.array, so drafters can chain steps without a host sync."""
         x = (tokens if isinstance(tokens, mx.array) else mx.array(tokens)).reshape(1, -1)
         if not hidden:
             return self.model(x, cache=cache)[0], None
+        if isinstance(hidden, tuple):
+            h, taps = self._run_tapped(x, cache, hidden)
+            return self.head(h)[0], mx.concatenate(taps, axis=-1)[0]
         h = self.backbone(x, cache=cache)
         return self.head(h)[0], h[0]
+
+    def _run_tapped(self, x: mx.array, cache: list[Any] | None, taps: tuple[int, ...]):
+        """The backbone's own loop (llama-style: embed, layers, norm), keeping the input of
+        each tapped layer (index len(layers): the last layer's output, before the norm)."""
+        from mlx_lm.models.base import create_attention_mask
+
+        bb = self.backbone
+        h = bb.embed_tokens(x)
+        cache = cache or [None] * len(bb.layers)
+        mask = create_attention_mask(h, cache[0])
+        seen: dict[int, mx.array] = {}
+        for i, (layer, c) in enumerate(zip(bb.layers, cache, strict=True)):
+            seen[i] = h
+            h = layer(h, mask, cache=c)
+        seen[len(bb.layers)] = h
+        return bb.norm(h), [seen[i] for i in taps]
+
+    def exposes_taps(self, taps: tuple[int, ...]) -> bool:
+        """True if the tapped loop reproduces the model's own logits (its layers are plain)."""
+        try:
+            x = mx.array([[1, 2]])
+            h, _ = self._run_tapped(x, None, taps)
+            return bool(mx.allclose(self.model(x), self.head(h), atol=1e-4, rtol=1e-4).item())
+        except Exception:
+            return False
 
     def exposes_hidden(self) -> bool:
         """True if backbone + head reproduces the model's own logits (so MTP heads can use h)."""

@@ -41,7 +41,7 @@ def checked(engine):
         d = engine.drafter
         if isinstance(d, MTPDrafter):  # its copy of the target's hidden states, its own cache
             fresh = kv.make_cache(engine.target.model)
-            _, h = engine.target.forward(committed, fresh, hidden=True)
+            _, h = engine.target.forward(committed, fresh, hidden=d.needs_hidden)
             assert d.hist.n == len(committed)
             np.testing.assert_allclose(np.array(d.hist.rows(0, d.hist.n)), np.array(h),
                                        atol=2e-4)

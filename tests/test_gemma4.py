@@ -231,7 +231,7 @@ def test_draft_model_dir_is_recognised_and_sets_the_draft_length(pair_dir, capsy
 
     target_dir, assistant_dir = pair_dir("agree")
     engine = load_engine(target_dir, draft_model=assistant_dir)
-    assert engine.drafter.name == "assistant"
+    assert engine.drafter.name == "draft-assistant"
     assert (engine.num_draft, engine.adaptive) == (3, False)
     assert load_engine(target_dir, draft_model=assistant_dir, num_draft="auto").adaptive
     assert load_engine(target_dir, draft_model=assistant_dir, num_draft=5).num_draft == 5

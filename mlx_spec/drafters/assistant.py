@@ -155,7 +155,7 @@ def kv_sources(target: TargetModel, n_caches: int) -> dict[str, int]:
 
 
 class AssistantDrafter:
-    name = "assistant"
+    name = "draft-assistant"  # of kind "draft": what --draft-model DIR loads
     needs_hidden = True
 
     def __init__(self, module: Gemma4Assistant, cfg: AssistantConfig, target: TargetModel):

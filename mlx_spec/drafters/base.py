@@ -31,7 +31,7 @@ class DraftContext:
 
     tokens: the committed sequence; its last token is pending (no target logits for it yet).
     target_cache: the target's per-layer caches, holding tokens[:-1].
-    hidden / hidden_start: the target's final hidden states for positions
+    hidden / hidden_start: the target's final hidden states (or the drafter's taps) for positions
         hidden_start .. hidden_start + len(hidden) - 1 — the positions committed in the last
         verify (or prefill). hidden[i] is what predicted tokens[hidden_start + i + 1].
     """
@@ -45,7 +45,9 @@ class DraftContext:
 
 class Drafter(Protocol):
     name: str
-    needs_hidden: bool  # does commit() need the target's hidden states?
+    # does commit() need the target's hidden states? True: the final ones; (i, j, ...): the
+    # inputs of those layers, side by side (EAGLE-3)
+    needs_hidden: bool | tuple[int, ...]
 
     def reset(self) -> None:
         """Forget everything (a new conversation)."""

@@ -44,7 +44,7 @@ WEIGHTS_FILE = "mtp.safetensors"
 
 @dataclass(frozen=True)
 class MTPConfig:
-    kind: str  # "shared-kv" | "deepseek" (ours) | "nextn" (published with the model)
+    kind: str  # "shared-kv" | "deepseek" (ours) | "nextn" (published with the model) | "eagle3"
     target_hidden_size: int
     vocab_size: int
     hidden_size: int  # the head's own width (shared-kv); = target_hidden_size for deepseek
@@ -203,22 +203,25 @@ class MTPDrafter:
                 f"MTP head expects hidden size {cfg.target_hidden_size}, the target has "
                 f"{target.hidden_size}"
             )
-        if not target.exposes_hidden():
+        if cfg.kind != "eagle3" and not target.exposes_hidden():  # eagle3 checks its taps
             raise ModelLoadError(f"{target.model.model_type}: final hidden state not reachable")
         self.head, self.cfg, self.target = head, cfg, target
+        if cfg.kind == "eagle3":  # it reads the inputs of a few target layers, not the output
+            self.needs_hidden = tuple(head.cfg.layer_ids)
+            self.name = "draft-eagle3"
         if cfg.kind == "shared-kv":
             layer = target.model.layers[cfg.kv_layer].self_attn
             self.rope = layer.rope  # the target's own RoPE, so positions match its keys exactly
             self.name = "mtp"
-        else:
+        elif cfg.kind != "eagle3":
             self.name = "mtp-deepseek" if cfg.kind == "deepseek" else "mtp"
         # own-cache heads: entry e pairs token e + first with h_{e + first - 1}. Ours start at
         # token 0 (paired with zeros); published heads at token 1 (entry i = (x_{i+1}, h_i)).
-        self.first = 1 if cfg.kind == "nextn" else 0
+        self.first = 1 if cfg.kind in ("nextn", "eagle3") else 0
         self.reset()
 
     def reset(self) -> None:
-        self.hist = HiddenHistory(self.cfg.target_hidden_size)
+        self.hist = HiddenHistory(getattr(self.head, "input_dim", self.cfg.target_hidden_size))
         self.cache = [kv.KVCache()] if self.cfg.kind != "shared-kv" else []
         self.cached = 0  # own-cache heads: entries in that cache
         self.trusted = 0  # tokens whose entries were built from the target's own hidden states
@@ -235,7 +238,8 @@ class MTPDrafter:
 
     def _embed(self, tokens: list[int] | mx.array, position: int = -1) -> mx.array:
         x = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
-        e = self.target.embed(x.reshape(1, -1)) * self.cfg.embed_scale
+        embed = self.head.embed_tokens if "embed_tokens" in self.head else self.target.embed
+        e = embed(x.reshape(1, -1)) * self.cfg.embed_scale
         if position == 0 and self.cfg.zero_first_embedding:
             e = mx.concatenate([mx.zeros_like(e[:, :1]), e[:, 1:]], axis=1)
         return e
@@ -276,9 +280,15 @@ class MTPDrafter:
                 state["pos"] += 1
                 h = step(x, state["h"], state["pos"])
             state["h"] = h[:, -1:]
-            return self.target.head(state["h"])[0, -1]
+            return self._logits(state["h"])[0, -1]
 
         return draft_chain(next_logits, None, ctx, k, sampler, fed=fed)
+
+    def _logits(self, h: mx.array) -> mx.array:
+        """The shared target head, or a head's own (EAGLE-3: its draft vocabulary)."""
+        if self.cfg.kind == "eagle3":
+            return self.head.logits(h, self.target.vocab_size)
+        return self.target.head(h)
 
     def arrays(self) -> list:
         return [c.state for c in self.cache] + ([self.hist.buf] if self.hist.buf is not None
@@ -322,6 +332,16 @@ def nextn_drafter(head: NextNHead, target: TargetModel, *,
                     rms_norm_eps=target.args.rms_norm_eps,
                     zero_first_embedding=zero_first_embedding)
     return MTPDrafter(head, cfg, target)
+
+
+def eagle3_drafter(head: nn.Module, target: TargetModel) -> MTPDrafter:
+    """A drafter around an EAGLE-3 head (eagle3.py): an own-cache head on the target's taps."""
+    cfg = MTPConfig(kind="eagle3", target_hidden_size=target.hidden_size,
+                    vocab_size=target.vocab_size, hidden_size=head.cfg.hidden_size,
+                    rms_norm_eps=head.cfg.rms_norm_eps)
+    drafter = MTPDrafter(head, cfg, target)
+    drafter.default_k = head.cfg.speculative_tokens  # the length it was trained to draft
+    return drafter
 
 
 def _load_own(path: Path, target: TargetModel) -> MTPDrafter:
