@@ -38,6 +38,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", help="target: model directory or hub repo (default: demo)")
     p.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto",
@@ -88,8 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train-drafter", help="distil an MTP head for a target")
     t.add_argument("--target", required=True)
-    t.add_argument("--data", required=True, help="a text file or a directory of text files")
-    t.add_argument("--steps", type=_positive_int, default=2000)
+    t.add_argument("--data", help="a text file or a directory of text files (default: the "
+                                   "target's own continuations of built-in prompts)")
+    t.add_argument("--steps", type=_positive_int, default=None, help="default 2000")
+    t.add_argument("--minutes", type=_positive_float, default=None,
+                   help="train for this long instead (data generation included); a resumed "
+                        "run trains this much more")
     t.add_argument("--out", default=None)
     t.add_argument("--kind", choices=["shared-kv", "deepseek"], default="shared-kv")
     t.add_argument("--seed", type=int, default=0)
@@ -103,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="side-by-side speed benchmark")
     b.add_argument("--quick", action="store_true")
+    b.add_argument("--group", choices=["all", "published"], default="all",
+                   help="published: only the Gemma 4 assistant and EAGLE-3 rows "
+                        "(docs/BENCH-drafters.md)")
     b.add_argument("--out", default="docs")
     return ap
 

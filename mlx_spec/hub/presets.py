@@ -16,7 +16,8 @@ from ..errors import MlxSpecError
 
 PRESETS_FILE = Path(__file__).with_name("presets.toml")
 PRESETS_ENV = "MLX_SPEC_PRESETS"  # a presets file of one's own instead of the bundled one
-LOADABLE = {"mtp", "draft", "gemma-assistant", "eagle3", "none"}  # drafter kinds the engine loads today
+# drafter kinds the engine loads today
+LOADABLE = {"mtp", "draft", "gemma-assistant", "eagle3", "none"}
 # Metal's recommended working set is about 2/3 of unified memory on 8-32 GB Macs (Rapid-MLX's
 # guide derives 10.3 GB on 18 GB from max_recommended_working_set_size); iogpu.wired_limit_mb
 # raises it. A pair "fits" when its estimated RAM is within that share.
