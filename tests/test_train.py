@@ -55,3 +55,27 @@ def test_train_drafter_cli_smoke_and_mismatch(model_dirs, tmp_path, capsys):
     assert "choose another --out" in capsys.readouterr().err
     assert main(["train-drafter", "--target", str(other), "--data", str(tmp_path / "none"),
                  "--steps", "1"]) == 2
+
+
+def test_train_drafter_for_minutes_without_data(model_dirs, tmp_path, capsys):
+    """No --data: the target's own continuations of the built-in prompts; --minutes: a time
+    budget, a held-out tokens-per-pass estimate, progress lines with an ETA without a TTY, and a
+    one-line summary. Resuming trains on from the checkpoint."""
+    import json
+
+    out = tmp_path / "head"
+    args = ["train-drafter", "--target", str(model_dirs("qwen3")), "--minutes", "0.15",
+            "--out", str(out), "--batch-size", "2", "--seq-len", "32"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "ETA" in err and "held-out after" in err
+    summary = err.strip().splitlines()[-1]
+    assert summary.startswith("mlx-spec: trained") and "tokens per target pass" in summary
+    curve = json.loads((out / "mtp_config.json").read_text())["train"]["held_out"]
+    assert curve and curve[-1]["tokens_per_pass"] >= 1.0
+    first = curve[-1]["step"]
+    assert main(args) == 0  # resumed: more steps on top
+    again = json.loads((out / "mtp_config.json").read_text())["train"]["held_out"]
+    assert again[-1]["step"] > first
+    assert main(args + ["--steps", "3"]) == 2
+    assert "not both" in capsys.readouterr().err

@@ -27,25 +27,40 @@ Progress = Callable[[int, int, float, float], None]
 
 @dataclass(frozen=True)
 class Schedule:
+    """`steps` steps, or with `seconds` as many as fit in that much training time (steps is
+    then only an upper bound): the cosine decay runs over the time instead of the steps."""
+
     steps: int
     lr: float
     warmup: int
     weight_decay: float = 0.01
     save_every: int = 100
     clip: float = 1.0
+    seconds: float | None = None
 
     def optimizer(self) -> optim.Optimizer:
+        if self.seconds is not None:  # the rate is set before every step (lr_at)
+            return optim.AdamW(learning_rate=self.lr, weight_decay=self.weight_decay)
         warm = optim.linear_schedule(1e-5, self.lr, self.warmup)
         decay = optim.cosine_decay(self.lr, max(1, self.steps - self.warmup), self.lr * 0.05)
         return optim.AdamW(learning_rate=optim.join_schedules([warm, decay], [self.warmup]),
                            weight_decay=self.weight_decay)
 
+    def lr_at(self, step: int, elapsed: float) -> float:
+        """Timed runs: linear warm-up over steps, then cosine over the time budget to 5%."""
+        if step < self.warmup:
+            return 1e-5 + (self.lr - 1e-5) * step / self.warmup
+        done = min(1.0, elapsed / self.seconds) if self.seconds else 1.0
+        return self.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * done)))
+
 
 def train(module: nn.Module, loss_fn: Callable[..., mx.array],
           batch: Callable[[int], tuple[mx.array, ...]], schedule: Schedule, checkpoint: Path,
-          progress: Progress | None = None) -> float:
+          progress: Progress | None = None,
+          evaluate: tuple[float, Callable[[int, float], None]] | None = None) -> float:
     """Optimise `module`'s trainable parameters on loss_fn(*batch(step)); returns the final
-    running loss (an exponential average, 0.95)."""
+    running loss (an exponential average, 0.95). evaluate = (every seconds, fn(step, training
+    seconds so far)): called that often and at the end; its own time is not training time."""
     opt = schedule.optimizer()
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     start = load_checkpoint(checkpoint, module, opt) if checkpoint.exists() else 0
@@ -58,16 +73,28 @@ def train(module: nn.Module, loss_fn: Callable[..., mx.array],
         opt.update(module, grads)
         return loss
 
-    running, t0 = math.nan, time.perf_counter()
-    for step in range(start, schedule.steps):
+    running, trained, step = math.nan, 0.0, start
+    next_eval = evaluate[0] if evaluate else math.inf
+    while step < schedule.steps and (schedule.seconds is None or trained < schedule.seconds):
+        t = time.perf_counter()
+        if schedule.seconds is not None:
+            opt.learning_rate = schedule.lr_at(step, trained)
         loss = step_fn(*batch(step))
         mx.eval(state, loss)
+        trained += time.perf_counter() - t
+        step += 1
         running = loss.item() if math.isnan(running) else 0.95 * running + 0.05 * loss.item()
-        if progress is not None:
-            progress(step + 1, schedule.steps, running,
-                     (step + 1 - start) / (time.perf_counter() - t0))
-        if (step + 1) % schedule.save_every == 0 or step + 1 == schedule.steps:
-            save_checkpoint(checkpoint, module, opt, step + 1)
+        rate = (step - start) / trained
+        timed_out = schedule.seconds is not None and trained >= schedule.seconds
+        if progress is not None:  # a timed run's total: what the remaining time will allow
+            total = (schedule.steps if schedule.seconds is None else
+                     step + int(rate * max(0.0, schedule.seconds - trained)))
+            progress(step, total, running, rate)
+        if step % schedule.save_every == 0 or step == schedule.steps or timed_out:
+            save_checkpoint(checkpoint, module, opt, step)
+        if evaluate and (trained >= next_eval or step == schedule.steps or timed_out):
+            evaluate[1](step, trained)
+            next_eval = trained + evaluate[0]
     return running
 
 
