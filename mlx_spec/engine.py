@@ -132,17 +132,17 @@ class Engine:
         Returns how many prompt tokens were reused."""
         reuse = _common_prefix(self.tokens, prompt)
         reuse = min(reuse, len(prompt) - 1, self.cached)
-        if reuse and reuse == len(prompt) - 1 and self.drafter is not None \
-                and self.drafter.needs_hidden:
-            reuse -= 1  # re-feed one token: its hidden state predicts the pending token
-        if not kv.can_trim_to(self.cache, reuse, have=self.cached):
-            self.reset()  # e.g. a rewritten history on a recurrent model: recompute it all
-            reuse = 0
-        kv.trim_to(self.cache, reuse, have=self.cached)
-        self.tokens, self.cached = list(prompt), reuse
-        hidden = []
         want_hidden = self.drafter.needs_hidden if self.drafter is not None else False
-        for i in range(reuse, len(prompt) - 1, PREFILL_CHUNK):
+        # a hidden-state drafter next reads the row of the last reused position (the one that
+        # predicts the first new token): keep no history for it, re-feed that one token
+        start = reuse - 1 if want_hidden and reuse else reuse
+        if not kv.can_trim_to(self.cache, start, have=self.cached):
+            self.reset()  # e.g. a rewritten history on a recurrent model: recompute it all
+            reuse = start = 0
+        kv.trim_to(self.cache, start, have=self.cached)
+        self.tokens, self.cached = list(prompt), start
+        hidden = []
+        for i in range(start, len(prompt) - 1, PREFILL_CHUNK):
             chunk = prompt[i : min(i + PREFILL_CHUNK, len(prompt) - 1)]
             _, h = self.target.forward(chunk, self.cache, hidden=want_hidden)
             self.cached += len(chunk)
@@ -152,7 +152,7 @@ class Engine:
                 hidden.append(h)
         if self.drafter is not None:
             h = mx.concatenate(hidden) if hidden else None
-            self.drafter.commit(self._context(h, reuse), reuse)
+            self.drafter.commit(self._context(h, start), reuse)
         return reuse
 
     def draft(self, k: int, sampler: Sampler) -> Draft:

@@ -29,3 +29,7 @@ def test_bench_runs_and_greedy_rows_agree(tmp_path):
     assert set(hybrid["rollback"]) == {"replay", "capture"}
     assert all(r["bytes_per_drafted_position"] > 0 for r in hybrid["rollback"].values())
     assert hybrid["parity"]["median"] > 0
+    # the published layouts' group (constructed pairs at the bench's width)
+    assert {"gemma4 assistant: target-only T=0", "gemma4 assistant: ours k=3 T=0",
+            "eagle3: target-only T=0", "eagle3: ours k=auto T=0"} <= names
+    assert set(saved["published"]) == {"gemma4 assistant", "eagle3"}

@@ -96,3 +96,22 @@ def test_save_load_and_mismatch_errors(load, tmp_path):
     (tmp_path / "mtp" / "mtp.safetensors").write_bytes(b"junk")
     with pytest.raises(ModelLoadError, match="cannot load MTP head"):
         load_mtp_drafter(tmp_path / "mtp", target)
+
+
+@pytest.mark.parametrize("kind", ["shared-kv", "deepseek"])
+def test_hidden_history_keeps_only_what_the_head_can_read(load, kind):
+    """A 600-token conversation: the head's copy of the target's hidden states stays a few
+    hundred rows (older ones are dropped), and a later turn that rewrites history from before
+    what was kept still decodes exactly as target-only (the prefill hands the rows in again)."""
+    target, tok = load("qwen3")
+    drafter = make_drafter(target, kind)
+    engine = Engine(target, tok, drafter, num_draft=4)
+    end, _ = run(engine, max_tokens=600)
+    want, _ = run(Engine(target, tok, None), max_tokens=600)
+    assert_same_or_near_tie(target, PROMPT, list(end.tokens), list(want.tokens))
+    hist = drafter.hist
+    assert hist.base > 0 and hist.buf.shape[0] <= 2 * (hist.n - hist.base) + 512
+    assert hist.nbytes < 620 * target.hidden_size * 4 / 2  # under half of one row per position
+    edited = PROMPT[:10] + [11, 12, 13]  # shares only 10 tokens: rows from before `base`
+    got = assert_turn_matches_fresh(engine, edited, 24)
+    assert got.stats.drafted > 0

@@ -35,33 +35,55 @@ from ..model import TargetModel
 from ..train.modeldir import build_model
 from .widen import parameter_count
 
-VOCAB = 32768
-GEMMA_TYPES = ["sliding_attention"] * 5 + ["full_attention"]
-GEMMA_TEXT = dict(
-    model_type="gemma4_text", hidden_size=1024, num_hidden_layers=12, intermediate_size=2816,
-    num_attention_heads=4, num_key_value_heads=1, head_dim=256, global_head_dim=512,
-    rms_norm_eps=1e-6, vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB,
-    num_kv_shared_layers=4, hidden_size_per_layer_input=64, sliding_window=512,
-    layer_types=GEMMA_TYPES * 2, final_logit_softcapping=30.0, use_double_wide_mlp=True,
-    tie_word_embeddings=False, max_position_embeddings=4096)
-GEMMA = dict(model_type="gemma4", text_config=GEMMA_TEXT, vocab_size=VOCAB,
-             tie_word_embeddings=False)
-ASSISTANT_TEXT = dict(
-    model_type="gemma4_text", hidden_size=256, num_hidden_layers=4, intermediate_size=2048,
-    num_attention_heads=4, num_key_value_heads=1, head_dim=256, global_head_dim=512,
-    rms_norm_eps=1e-6, vocab_size=VOCAB, hidden_size_per_layer_input=0, sliding_window=512,
-    layer_types=["sliding_attention"] * 3 + ["full_attention"], num_kv_shared_layers=4,
-    use_double_wide_mlp=False, max_position_embeddings=4096)
-LLAMA = dict(model_type="llama", hidden_size=1024, num_hidden_layers=12, intermediate_size=2816,
-             num_attention_heads=8, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=VOCAB,
-             max_position_embeddings=4096, tie_word_embeddings=False, rope_theta=10000.0)
+
+def gemma4_config(hidden: int = 1024, layers: int = 12, ffn: int = 2816) -> dict:
+    """A Gemma 4 E-size-like text config at the bench's width: sliding layers with a full one
+    every sixth (and last), the last third sharing K/V, per-layer inputs."""
+    types = ["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention"
+             for i in range(layers)]
+    text = dict(
+        model_type="gemma4_text", hidden_size=hidden, num_hidden_layers=layers,
+        intermediate_size=ffn, num_attention_heads=max(1, hidden // 256), num_key_value_heads=1,
+        head_dim=256, global_head_dim=512, rms_norm_eps=1e-6, vocab_size=vocab(hidden),
+        vocab_size_per_layer_input=vocab(hidden), num_kv_shared_layers=layers // 3,
+        hidden_size_per_layer_input=64, sliding_window=512, layer_types=types,
+        final_logit_softcapping=30.0, use_double_wide_mlp=True, tie_word_embeddings=False,
+        max_position_embeddings=4096)
+    return dict(model_type="gemma4", text_config=text, vocab_size=vocab(hidden),
+                tie_word_embeddings=False)
+
+
+def assistant_text(hidden: int) -> dict:
+    """E2B's assistant shape: 4 layers, 256 wide (or the target's width, if narrower)."""
+    return dict(
+        model_type="gemma4_text", hidden_size=min(256, hidden), num_hidden_layers=4,
+        intermediate_size=2048, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+        global_head_dim=512, rms_norm_eps=1e-6, vocab_size=vocab(hidden),
+        hidden_size_per_layer_input=0, sliding_window=512,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"], num_kv_shared_layers=4,
+        use_double_wide_mlp=False, max_position_embeddings=4096)
+
+
+def llama_config(hidden: int = 1024, layers: int = 12, ffn: int = 2816) -> dict:
+    return dict(model_type="llama", hidden_size=hidden, num_hidden_layers=layers,
+                intermediate_size=ffn, num_attention_heads=max(1, hidden // 128),
+                num_key_value_heads=max(1, hidden // 512), rms_norm_eps=1e-5,
+                vocab_size=vocab(hidden), max_position_embeddings=4096,
+                tie_word_embeddings=False, rope_theta=10000.0)
+
+
+def vocab(hidden: int) -> int:
+    """A real-sized head at full width (32k rows); small for the smoke test's widths."""
+    return 32768 if hidden >= 1024 else 4096
+
+
 GEMMA_BRANCHES = (".post_attention_layernorm.weight", ".post_feedforward_layernorm.weight",
                   ".post_per_layer_input_norm.weight")
 LLAMA_BRANCHES = (".o_proj.weight", ".down_proj.weight")
 
 
-def bigram(seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed + 12).permutation(VOCAB)
+def bigram(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed + 12).permutation(n)
 
 
 def _scale(module, suffixes: tuple[str, ...], by: float) -> None:
@@ -76,46 +98,55 @@ def _bigram_head(emb: np.ndarray, nu: np.ndarray) -> mx.array:
     return mx.array(head)
 
 
-def gemma4_pair(noise: float, seed: int = 0) -> tuple[TargetModel, AssistantDrafter]:
-    model = build_model(GEMMA, seed=seed)
+def gemma4_pair(noise: float, seed: int = 0, *, hidden: int = 1024, layers: int = 12,
+                ffn: int = 2816) -> tuple[TargetModel, AssistantDrafter]:
+    config = gemma4_config(hidden, layers, ffn)
+    model = build_model(config, seed=seed)
     text = model.language_model
     _scale(model, GEMMA_BRANCHES, noise)
     emb = np.array(text.model.embed_tokens.weight)
-    text.lm_head.weight = _bigram_head(emb, bigram(seed))
+    text.lm_head.weight = _bigram_head(emb, bigram(len(emb), seed))
     mx.eval(model.parameters())
     target = TargetModel(model, 4096, name="gemma4-bigram")
-    cfg = AssistantConfig(backbone_hidden_size=GEMMA_TEXT["hidden_size"], text=ASSISTANT_TEXT)
+    small = assistant_text(hidden)
+    cfg = AssistantConfig(backbone_hidden_size=hidden, text=small)
     module = Gemma4Assistant(cfg)
-    d, big = ASSISTANT_TEXT["hidden_size"], GEMMA_TEXT["hidden_size"]
-    take = mx.concatenate([mx.eye(d), mx.zeros((d, 2 * big - d))], axis=1)
+    d = small["hidden_size"]
+    take = mx.concatenate([mx.eye(d), mx.zeros((d, 2 * hidden - d))], axis=1)
     module.pre_projection.weight = take  # the scaled token embedding's first d units
-    module.post_projection.weight = mx.zeros((big, d))
-    module.model.embed_tokens.weight = text.lm_head.weight[:, :d]
-    module.model.norm.weight = text.model.norm.weight[:d]
+    module.post_projection.weight = mx.zeros((hidden, d))
+    # copies, not strided views: a matmul against a view of a wider array is far slower
+    module.model.embed_tokens.weight = mx.array(np.array(text.lm_head.weight[:, :d]))
+    # ×D/d: its d units carry d/D of each logit's sum, so this restores the target's scale
+    module.model.norm.weight = mx.array(np.array(text.model.norm.weight[:d]) * hidden / d)
     _scale(module, GEMMA_BRANCHES, 0.0)
     mx.eval(module.parameters())
     return target, AssistantDrafter(module, cfg, target)
 
 
-def eagle3_pair(noise: float, seed: int = 0) -> tuple[TargetModel, Any]:
-    model = build_model(LLAMA, seed=seed)
+def eagle3_pair(noise: float, seed: int = 0, *, hidden: int = 1024, layers: int = 12,
+                ffn: int = 2816) -> tuple[TargetModel, Any]:
+    config = llama_config(hidden, layers, ffn)
+    model = build_model(config, seed=seed)
     _scale(model, LLAMA_BRANCHES, noise)
     emb = np.array(model.model.embed_tokens.weight)
-    nu = bigram(seed)
+    n = len(emb)
+    nu = bigram(n, seed)
     model.lm_head.weight = _bigram_head(emb, nu)
     mx.eval(model.parameters())
     target = TargetModel(model, 4096, name="llama-bigram")
-    d = LLAMA["hidden_size"]
-    cfg = Eagle3Config(hidden_size=d, target_hidden_size=d, num_heads=8, num_kv_heads=2,
-                       head_dim=128, intermediate_size=2816, vocab_size=VOCAB,
-                       draft_vocab_size=VOCAB // 2, layer_ids=(2, 6, 9))
+    cfg = Eagle3Config(hidden_size=hidden, target_hidden_size=hidden,
+                       num_heads=config["num_attention_heads"],
+                       num_kv_heads=config["num_key_value_heads"], head_dim=128,
+                       intermediate_size=ffn, vocab_size=n, draft_vocab_size=n // 2,
+                       layer_ids=(2, layers // 2, layers - 3))
     head = Eagle3Head(cfg)
-    used = np.sort(np.random.default_rng(seed + 13).choice(VOCAB, VOCAB // 2, replace=False))
+    used = np.sort(np.random.default_rng(seed + 13).choice(n, n // 2, replace=False))
     head.d2t = mx.array((used - np.arange(len(used))).astype(np.int32))
-    head.fc.weight = mx.concatenate([mx.eye(d), mx.zeros((d, 2 * d))], axis=1)
+    head.fc.weight = mx.concatenate([mx.eye(hidden), mx.zeros((hidden, 2 * hidden))], axis=1)
     _scale(head, LLAMA_BRANCHES, 0.0)
-    twice = np.empty(VOCAB, np.int64)
-    twice[nu[nu]] = np.arange(VOCAB)  # twice[y] = x with nu(nu(x)) = y
+    twice = np.empty(n, np.int64)
+    twice[nu[nu]] = np.arange(n)  # twice[y] = x with nu(nu(x)) = y
     head.lm_head.weight = mx.array(emb[twice[used]])
     head.norm.weight = model.model.norm.weight
     mx.eval(head.parameters())
@@ -128,9 +159,9 @@ def published_rows(cfg, prompts: list[list[int]], ours_on: Callable, make_row: C
     from ..adaptive import measure_verify_costs
 
     group, info = [], {}
-    for name, build, noise in (("gemma4 assistant", gemma4_pair, 0.3),
+    for name, build, noise in (("gemma4 assistant", gemma4_pair, 0.15),
                                ("eagle3", eagle3_pair, 0.0)):
-        target, drafter = build(noise)
+        target, drafter = build(noise, hidden=cfg.hidden, layers=cfg.layers, ffn=cfg.ffn)
         n = parameter_count(target.model)
         costs = measure_verify_costs(target, 8, repeats=5, smooth=False)
         log(f"-- {name}: constructed pair on a {n / 1e6:.0f}M-param f32 {target.name} target")

@@ -425,7 +425,9 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
               "measured speedup ÷ (tokens per pass × c(1) / (c(k+1) + draft time per pass)), "
               "c from the line fit; the raw verify timings (ms, q = 1..9): "
               + ", ".join(f"{x:.1f}" for x in result["target"].get("verify_cost_ms", [])) + ".",
-              "", "![speedup vs draft length](bench.png)", ""]
+              "", "![speedup vs draft length](bench.png)", "",
+              "Gemma 4 assistant and EAGLE-3 rows: [BENCH-drafters.md](BENCH-drafters.md) "
+              "(`mlx-spec bench --group published`; the full run includes them too).", ""]
     (out / "BENCH.md").write_text("\n".join(lines))
     plot(result, out / "bench.png")
 
