@@ -6,16 +6,15 @@ nu(nu(x_t)) = x_{t+2}: its first draft is always right."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
+from published import write_dir
 
 from mlx_spec.drafters.eagle3 import Eagle3Config, Eagle3Head
-from mlx_spec.train.modeldir import TOKENIZER_FILES, build_model
+from mlx_spec.train.modeldir import build_model
 
 VOCAB, DRAFT_VOCAB, LAYERS, TAPS = 384, 320, 8, [2, 4, 5]
 TARGET = dict(model_type="llama", hidden_size=64, num_hidden_layers=LAYERS, intermediate_size=128,
@@ -100,7 +99,7 @@ def build_head(config: dict, seed: int = 0, *, target=None) -> Eagle3Head:
 
 
 def write_target(out: Path, model, tokenizer_dir: Path) -> Path:
-    return _write(out, TARGET, dict(tree_flatten(model.parameters())), tokenizer_dir)
+    return write_dir(out, TARGET, dict(tree_flatten(model.parameters())), tokenizer_dir, "pt")
 
 
 def write_head(out: Path, head: Eagle3Head, config: dict, *, original: bool = False) -> Path:
@@ -111,14 +110,5 @@ def write_head(out: Path, head: Eagle3Head, config: dict, *, original: bool = Fa
     weights["t2d"] = mx.array(t2d)
     if original:
         weights = {k.replace("layers.0.", "midlayer."): v for k, v in weights.items()}
-    return _write(out, config, weights, None)
+    return write_dir(out, config, weights, None, "pt")
 
-
-def _write(out: Path, config: dict, weights: dict, tokenizer_dir: Path | None) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    for name in TOKENIZER_FILES if tokenizer_dir else ():
-        if (tokenizer_dir / name).exists():
-            shutil.copy(tokenizer_dir / name, out / name)
-    return out

@@ -7,15 +7,15 @@ target's own final norm and embedding, so it predicts exactly what the target wi
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
+from published import write_dir
 
 from mlx_spec.drafters.assistant import AssistantConfig, Gemma4Assistant
-from mlx_spec.train.modeldir import TOKENIZER_FILES, build_model
+from mlx_spec.train.modeldir import build_model
 
 VOCAB = 384
 WINDOW = 16
@@ -109,7 +109,7 @@ def write_target(out: Path, model, tokenizer_dir: Path) -> Path:
     """HF names: model.language_model.* (the multimodal wrapper), as google publishes."""
     weights = {k.replace("language_model.model.", "model.language_model."): v
                for k, v in tree_flatten(model.parameters())}
-    return _write(out, TARGET, weights, tokenizer_dir)
+    return write_dir(out, TARGET, weights, tokenizer_dir, "pt")
 
 
 def write_assistant(out: Path, module: Gemma4Assistant, config: dict,
@@ -118,18 +118,9 @@ def write_assistant(out: Path, module: Gemma4Assistant, config: dict,
     if "masked_embedding.token_ordering" in weights:  # torch stores it as int64
         weights["masked_embedding.token_ordering"] = (
             weights["masked_embedding.token_ordering"].astype(mx.int64))
-    _write(out, config, weights, None)
+    write_dir(out, config, weights, None, "pt")
     if num_assistant_tokens:
         (out / "generation_config.json").write_text(
             json.dumps({"num_assistant_tokens": num_assistant_tokens}))
     return out
 
-
-def _write(out: Path, config: dict, weights: dict, tokenizer_dir: Path | None) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    for name in TOKENIZER_FILES if tokenizer_dir else ():
-        if (tokenizer_dir / name).exists():
-            shutil.copy(tokenizer_dir / name, out / name)
-    return out

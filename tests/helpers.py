@@ -157,3 +157,20 @@ def assert_same_or_near_tie(target, prompt, got, want, bits=None):
     assert gap < NEAR_TIE[bits], f"diverged at {i} with top-2 gap {gap:.4g}: not a near-tie"
     IDENTITY["near_tie"] += 1
     return gap
+
+
+def loaded_pairs(pair_dir):
+    """kind -> (target, tokenizer, drafter) over a fixture of (target dir, drafter dir), each
+    loaded once through the CLI's path (`--draft-model DIR` tells the drafter's kind)."""
+    from mlx_spec.loading import load_target, make_drafter
+
+    loaded = {}
+
+    def get(kind: str):
+        if kind not in loaded:
+            target_dir, drafter_dir = pair_dir(kind)
+            target, tok = load_target(target_dir)
+            loaded[kind] = target, tok, make_drafter("draft", target, draft_model=drafter_dir)
+        return loaded[kind]
+
+    return get

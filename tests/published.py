@@ -138,11 +138,13 @@ def _to_hf(arch, k, v, norms=None):
 # -- directories -------------------------------------------------------------------------------
 
 
-def write_dir(out: Path, config: dict, weights: dict, tokenizer_dir: Path, fmt: str) -> Path:
+def write_dir(out: Path, config: dict, weights: dict, tokenizer_dir: Path | None,
+              fmt: str) -> Path:
+    """A checkpoint directory: weights, config, and the tokenizer (drafter heads have none)."""
     out.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": fmt})
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    for name in TOKENIZER_FILES:
+    for name in TOKENIZER_FILES if tokenizer_dir is not None else ():
         if (tokenizer_dir / name).exists():
             shutil.copy(tokenizer_dir / name, out / name)
     return out

@@ -22,7 +22,7 @@ from eagle3 import (
     write_head,
     write_target,
 )
-from helpers import assert_same_or_near_tie, checked, run
+from helpers import assert_same_or_near_tie, checked, loaded_pairs, run
 from mlx.utils import tree_flatten
 from reference import eagle3 as ref
 from test_engine_sampling import assert_both_paths_taken, chi2_pvalue, sample_pairs, target_joint
@@ -32,7 +32,7 @@ from mlx_spec.drafters import DraftContext
 from mlx_spec.drafters.eagle3 import load_eagle3
 from mlx_spec.engine import Engine
 from mlx_spec.errors import ModelLoadError
-from mlx_spec.loading import load_engine, load_target, make_drafter
+from mlx_spec.loading import load_engine
 from mlx_spec.sampling import Sampler, SamplingConfig
 
 PROMPT = [int(x) for x in draft_vocabulary()[:20]]
@@ -71,16 +71,7 @@ def pair_dir(tmp_path_factory, tokenizer_dir):
 
 @pytest.fixture(scope="module")
 def pair(pair_dir):
-    loaded = {}
-
-    def get(kind: str):
-        if kind not in loaded:
-            target_dir, head_dir = pair_dir(kind)
-            target, tok = load_target(target_dir)
-            loaded[kind] = target, tok, make_drafter("draft", target, draft_model=head_dir)
-        return loaded[kind]
-
-    return get
+    return loaded_pairs(pair_dir)
 
 
 def test_taps_are_the_inputs_of_those_layers(pair):

@@ -17,7 +17,13 @@ from gemma4 import (
     write_assistant,
     write_target,
 )
-from helpers import assert_cache_equals_recompute, assert_same_or_near_tie, checked, run
+from helpers import (
+    assert_cache_equals_recompute,
+    assert_same_or_near_tie,
+    checked,
+    loaded_pairs,
+    run,
+)
 from mlx.utils import tree_flatten
 from reference import gemma4_assistant as ref
 from test_engine_sampling import assert_both_paths_taken, chi2_pvalue, sample_pairs, target_joint
@@ -27,7 +33,6 @@ from mlx_spec.drafters import DraftContext, DraftModelDrafter
 from mlx_spec.drafters.assistant import load_assistant
 from mlx_spec.engine import Engine
 from mlx_spec.errors import ModelLoadError
-from mlx_spec.loading import load_target, make_drafter
 from mlx_spec.sampling import Sampler, SamplingConfig
 
 PROMPT = [(i * 29) % 300 + 5 for i in range(20)]
@@ -60,16 +65,7 @@ def pair_dir(tmp_path_factory, tokenizer_dir):
 
 @pytest.fixture(scope="module")
 def pair(pair_dir):
-    loaded = {}
-
-    def get(kind: str):
-        if kind not in loaded:
-            target_dir, assistant_dir = pair_dir(kind)
-            target, tok = load_target(target_dir)
-            loaded[kind] = target, tok, make_drafter("draft", target, draft_model=assistant_dir)
-        return loaded[kind]
-
-    return get
+    return loaded_pairs(pair_dir)
 
 
 # -- the assistant's forward against the reference equations --------------------------------

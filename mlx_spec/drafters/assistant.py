@@ -35,11 +35,12 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models import gemma4_text
 
-from ..errors import ModelLoadError, TokenizerMismatchError, first_line
+from ..errors import ModelLoadError, TokenizerMismatchError
 from ..model import TargetModel
 from ..sampling import Sampler
 from .base import Draft, DraftContext, draft_chain
 from .mtp import target_kv
+from .weights import load_exactly, one_line_errors, read_safetensors
 
 MODEL_TYPE = "gemma4_assistant"
 
@@ -236,12 +237,10 @@ def check_fits(cfg: AssistantConfig, target: TargetModel) -> None:
 def load_assistant(path: str | Path, target: TargetModel) -> AssistantDrafter:
     """An assistant drafter from a local directory (HF names; MLX conversions keep them)."""
     path = Path(path).expanduser()
-    try:
+    with one_line_errors("Gemma 4 assistant", path):
         cfg = AssistantConfig.from_dir(path)
         module = Gemma4Assistant(cfg)
-        weights = {}
-        for f in sorted(path.glob("*.safetensors")):
-            weights.update(mx.load(str(f)))
+        weights = read_safetensors(path)
         weights.pop("lm_head.weight", None)  # tied to model.embed_tokens
         if "masked_embedding.token_ordering" in weights:
             weights["masked_embedding.token_ordering"] = (
@@ -250,16 +249,5 @@ def load_assistant(path: str | Path, target: TargetModel) -> AssistantDrafter:
             q = cfg.quantization
             nn.quantize(module, group_size=q["group_size"], bits=q["bits"],
                         class_predicate=lambda p, m: f"{p}.scales" in weights)
-        expected = {k for k, _ in tree_flatten(module.parameters())}
-        if missing := sorted(expected - weights.keys()):
-            raise ModelLoadError(f"Gemma 4 assistant {path} lacks {len(missing)} tensor(s): "
-                                 f"{', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}")
-        module.load_weights(list(weights.items()), strict=True)
-        mx.eval(module.parameters())
-    except (ModelLoadError, TokenizerMismatchError):
-        raise
-    except KeyError as e:
-        raise ModelLoadError(f"not a Gemma 4 assistant config in {path}: {e} missing") from None
-    except Exception as e:
-        raise ModelLoadError(f"cannot load Gemma 4 assistant {path}: {first_line(e)}") from e
+        load_exactly(module, weights, f"Gemma 4 assistant {path}")
     return AssistantDrafter(module, cfg, target)

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.models.rope_utils import initialize_rope
 
-from ..errors import ModelLoadError, TokenizerMismatchError, first_line
+from ..errors import ModelLoadError, TokenizerMismatchError
 from ..model import TargetModel
+from .weights import load_exactly, one_line_errors, read_safetensors
 
 
 @dataclass(frozen=True)
@@ -194,29 +194,15 @@ def load_eagle3(path: str | Path, target: TargetModel):
     from .mtp import eagle3_drafter
 
     path = Path(path).expanduser()
-    try:
+    with one_line_errors("EAGLE-3 head", path):
         raw = json.loads((path / "config.json").read_text())
         cfg = Eagle3Config.from_dict(raw)
-        weights = {}
-        for f in sorted(path.glob("*.safetensors")):
-            weights.update(mx.load(str(f)))
-        weights = _sanitize(weights)
+        weights = _sanitize(read_safetensors(path))
         layers = len(target.backbone.layers)
         cfg = Eagle3Config(**{**cfg.__dict__, "layer_ids": cfg.taps(layers)})
         check_fits(cfg, target)
         head = Eagle3Head(cfg, own_embedding="embed_tokens.weight" in weights)
-        expected = {k for k, _ in tree_flatten(head.parameters())}
-        if missing := sorted(expected - weights.keys()):
-            raise ModelLoadError(f"EAGLE-3 head {path} lacks {len(missing)} tensor(s): "
-                                 f"{', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}")
-        head.load_weights(list(weights.items()), strict=True)
-        mx.eval(head.parameters())
-    except (ModelLoadError, TokenizerMismatchError):
-        raise
-    except KeyError as e:
-        raise ModelLoadError(f"not an EAGLE-3 config in {path}: {e} missing") from None
-    except Exception as e:
-        raise ModelLoadError(f"cannot load EAGLE-3 head {path}: {first_line(e)}") from e
+        load_exactly(head, weights, f"EAGLE-3 head {path}")
     return eagle3_drafter(head, target)
 
 
