@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=_positive_int, default=None, help="default 2000")
     t.add_argument("--minutes", type=_positive_float, default=None,
                    help="train for this long instead (data generation included); a resumed "
-                        "run trains this much more")
+                        "run trains this much more, the schedule restarting at its peak")
     t.add_argument("--out", default=None)
     t.add_argument("--kind", choices=["shared-kv", "deepseek"], default="shared-kv")
     t.add_argument("--seed", type=int, default=0)

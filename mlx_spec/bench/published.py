@@ -41,11 +41,14 @@ def gemma4_config(hidden: int = 1024, layers: int = 12, ffn: int = 2816) -> dict
     every sixth (and last), the last third sharing K/V, per-layer inputs."""
     types = ["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention"
              for i in range(layers)]
+    shared = layers // 3  # a shared layer reads the last earlier layer of its type: need both
+    if not {"full_attention", "sliding_attention"} <= set(types[: layers - shared]):
+        shared = 0
     text = dict(
         model_type="gemma4_text", hidden_size=hidden, num_hidden_layers=layers,
         intermediate_size=ffn, num_attention_heads=max(1, hidden // 256), num_key_value_heads=1,
         head_dim=256, global_head_dim=512, rms_norm_eps=1e-6, vocab_size=vocab(hidden),
-        vocab_size_per_layer_input=vocab(hidden), num_kv_shared_layers=layers // 3,
+        vocab_size_per_layer_input=vocab(hidden), num_kv_shared_layers=shared,
         hidden_size_per_layer_input=64, sliding_window=512, layer_types=types,
         final_logit_softcapping=30.0, use_double_wide_mlp=True, tie_word_embeddings=False,
         max_position_embeddings=4096)
