@@ -134,8 +134,10 @@ class Engine:
         reuse = min(reuse, len(prompt) - 1, self.cached)
         want_hidden = self.drafter.needs_hidden if self.drafter is not None else False
         # a hidden-state drafter next reads the row of the last reused position (the one that
-        # predicts the first new token): keep no history for it, re-feed that one token
-        start = reuse - 1 if want_hidden and reuse else reuse
+        # predicts the first new token); if it no longer holds it, re-feed that one token
+        start = reuse
+        if want_hidden and reuse and not self.drafter.has_hidden(reuse - 1):
+            start = reuse - 1
         if not kv.can_trim_to(self.cache, start, have=self.cached):
             self.reset()  # e.g. a rewritten history on a recurrent model: recompute it all
             reuse = start = 0

@@ -180,6 +180,9 @@ class AssistantDrafter:
         elif self.h_at != want:
             self.reset()
 
+    def has_hidden(self, position: int) -> bool:
+        return self.h is not None and self.h_at == position
+
     def _kv(self, cache: list[Any]) -> dict[str, tuple[mx.array, mx.array]]:
         out = {}
         for kind, i in kv_sources(self.target, len(cache)).items():

@@ -59,6 +59,10 @@ class Drafter(Protocol):
     def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
         """Propose up to k tokens following ctx.tokens."""
 
+    def has_hidden(self, position: int) -> bool:
+        """Hidden-state drafters: does it still hold the target's row at `position`? (If not,
+        the next prefill re-feeds that token.)"""
+
     def nbytes(self) -> int:
         """Extra memory: weights plus any cache of the drafter's own."""
 

@@ -184,6 +184,9 @@ class HiddenHistory:
     def has(self, start: int) -> bool:
         return start >= self.base or self.base == 0
 
+    def holds(self, position: int) -> bool:
+        return self.buf is not None and self.base <= position < self.n
+
     def rows(self, start: int, end: int) -> mx.array:
         """Rows [start, end); row -1 (before the first token) is zeros."""
         pad = max(0, -start)
@@ -256,6 +259,9 @@ class MTPDrafter:
         # the next row this head reads: the newest (shared-kv), or its next entry's
         self.hist.forget_before(self.cached + self.first - 1 if self.cache
                                 else len(ctx.tokens) - 2)
+
+    def has_hidden(self, position: int) -> bool:
+        return self.hist.holds(position)
 
     def _embed(self, tokens: list[int] | mx.array, position: int = -1) -> mx.array:
         x = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
