@@ -5,9 +5,11 @@ drafts emits on average E(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j tokens (the +1 is 
 and costs T(k) = o + k·d + r·c(k+1): o the round's fixed cost (sampling, commit, Python), d the
 drafter's cost per drafted token, c(q) the target's cost to verify q tokens as calibrated at load,
 and r how much slower verification has become since (it grows with the context). All three of
-o, d and r are fitted online from the rounds themselves. We pick argmax_k E(k)/T(k), with k = 0
-(plain decoding, E = 1) whenever speculation cannot pay — e.g. a quantized target on a CPU,
-where c(q) grows linearly in q.
+o, d and r are fitted online from the rounds themselves: d and r from the rounds the engine
+times in parts (every few; the others run draft and verify as one device graph with one host
+sync, and only refine o, the residual). T(0), plain decoding pipelined as mlx-lm does, is
+measured directly. We pick argmax_k E(k)/T(k), with k = 0 (E = 1) whenever speculation cannot
+pay — e.g. a quantized target on a CPU, where c(q) grows linearly in q.
 
 What it has not tried it estimates, rather than assuming: α_1 is shrunk toward a prior, and each
 deeper α_i toward the estimate of the position before it, so an untried position starts where
@@ -69,7 +71,7 @@ class AdaptiveDraftLength:
 
     def __init__(self, verify_costs: Sequence[float], *, draft_cost: float | None = None,
                  prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.98,
-                 probe_every: int = 16, explore_every: int = 8):
+                 probe_every: int = 16, explore_every: int = 8, split_every: int = 8):
         self.costs = tuple(verify_costs)
         self.k_max = len(self.costs) - 1
         # α_i as (accepted, seen) with exponential forgetting; priors enter in alphas()
@@ -78,9 +80,11 @@ class AdaptiveDraftLength:
         self.prior, self.prior_weight = prior, prior_weight
         self.draft_cost = draft_cost if draft_cost is not None else 0.1 * self.costs[0]
         self.overhead = 0.0  # o: seconds per round outside drafting and verifying
+        self.plain_cost: float | None = None  # measured seconds per plain (pipelined) token
         self.slowdown = 1.0  # r: measured verify time / calibrated c(k+1)
         self.decay, self.probe_every, self.explore_every = decay, probe_every, explore_every
-        self.rounds_off = self.rounds_on = 0
+        self.rounds_off = self.rounds_on = self.rounds_drafted = 0
+        self.split_every = split_every
         self.probe_gap = probe_every  # rounds between probes while off (doubles, see choose)
 
     def alphas(self) -> list[float]:
@@ -106,7 +110,12 @@ class AdaptiveDraftLength:
         return out
 
     def round_cost(self, k: int) -> float:
-        return self.overhead + k * self.draft_cost + self.slowdown * self.costs[k]
+        if k == 0:
+            if self.plain_cost is not None:
+                return self.plain_cost
+            return max(0.0, self.overhead) + self.slowdown * self.costs[0]
+        return max(self.overhead + k * self.draft_cost + self.slowdown * self.costs[k],
+                   1e-6)
 
     def rate(self, k: int) -> float:
         """Expected tokens per second with k drafts."""
@@ -133,20 +142,36 @@ class AdaptiveDraftLength:
             return best + 1  # explore: measure the position just past the current choice
         return best
 
-    def observe(self, k: int, n: int, draft_seconds: float, *, verify_seconds: float | None = None,
-                round_seconds: float | None = None, fed: int = 1) -> None:
+    def split(self) -> bool:
+        """Should this drafting round be timed in parts (the draft synced before the verify)?
+        The first few, then one in `split_every`: d and r stay measured, the rest run fused."""
+        self.rounds_drafted += 1
+        return self.rounds_drafted <= 3 or self.rounds_drafted % self.split_every == 0
+
+    def observe(self, k: int, n: int, draft_seconds: float | None = None, *,
+                verify_seconds: float | None = None, round_seconds: float | None = None,
+                fed: int = 1) -> None:
         """A round drafted k tokens, the target accepted n; its timings, and how many tokens
-        the drafter was fed before drafting (its catch-up)."""
+        the drafter was fed before drafting (its catch-up). A round that ran draft and verify
+        as one device graph (one host sync) has only its round time: then draft_seconds and
+        verify_seconds are None, and it refines the fixed cost o alone."""
         if verify_seconds is not None and verify_seconds > 0:
             ratio = verify_seconds / self.costs[k]
             self.slowdown = 0.9 * self.slowdown + 0.1 * ratio
-        if round_seconds is not None and verify_seconds is not None:
-            rest = max(0.0, round_seconds - draft_seconds - verify_seconds)
+        if k and draft_seconds is not None and fed <= self.k_max + 1:  # not a catch-up
+            self.draft_cost = 0.8 * self.draft_cost + 0.2 * draft_seconds / k
+        if round_seconds is not None and fed <= self.k_max + 1:
+            # o is what the model leaves unexplained (it may be < 0: overlap the sync saves)
+            rest = round_seconds - k * self.draft_cost - self.slowdown * self.costs[k]
             self.overhead = 0.9 * self.overhead + 0.1 * rest
         if k == 0:
             return
         for i in range(min(k, n + 1)):  # position i was tested only if 1..i-1 were accepted
             self.accepted[i] = self.decay * self.accepted[i] + (i < n)
             self.seen[i] = self.decay * self.seen[i] + 1
-        if fed <= self.k_max + 1:  # not a catch-up over a new prompt
-            self.draft_cost = 0.8 * self.draft_cost + 0.2 * draft_seconds / k
+
+    def observe_plain(self, seconds: float) -> None:
+        """One token of plain decoding took `seconds` (pipelined: the host builds each step
+        while the device runs the one before, so this is what k = 0 costs)."""
+        p = self.plain_cost
+        self.plain_cost = seconds if p is None else 0.9 * p + 0.1 * seconds

@@ -124,6 +124,10 @@ def make_cache(model: Any, *, slack: int = 16, kv_bits: int | None = None) -> li
     """The model's own cache list, with every layer made rollback-able (see module doc)."""
     rollback = enable_rollback(model)
     caches = make_prompt_cache(model)
+    if kv_bits and len(caches) < len(getattr(model, "layers", caches)):
+        raise UnsupportedModelError(
+            "--kv-bits: this model's KV-shared layers (Gemma 4) attend over another layer's "
+            "K/V through mlx-lm, which cannot read quantized K/V yet; run without --kv-bits")
     out = []
     for c in caches:
         if isinstance(c, RotatingKVCache):

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import Any
 
 import mlx.core as mx
@@ -157,33 +158,127 @@ class Engine:
             self.drafter.commit(self._context(h, start), reuse)
         return reuse
 
-    def draft(self, k: int, sampler: Sampler) -> Draft:
+    def draft(self, k: int, sampler: Sampler, *, split: bool = False) -> Draft:
+        """Propose up to k tokens. They stay lazy: the device starts on them while the host
+        builds the verify pass (split: wait for them here, so the draft is timed alone)."""
         if k == 0 or self.drafter is None:
             return Draft()
-        return self.drafter.draft(self._context(), k, sampler)
+        draft = self.drafter.draft(self._context(), k, sampler)
+        arrays = [draft.tokens] + ([draft.probs] if draft.probs is not None else [])
+        (mx.eval if split else mx.async_eval)(arrays)
+        return draft
 
     def verify(self, draft: Draft) -> tuple[mx.array, mx.array | None]:
-        """One target forward over [pending, d_1..d_k]: logits [k+1, V] (and hidden [k+1, D])."""
-        inputs = self.tokens[self.cached :] + draft.tokens
-        want_hidden = self.drafter.needs_hidden if self.drafter is not None else False
-        logits, hidden = self.target.forward(inputs, self.cache, hidden=want_hidden)
-        self.cached += len(inputs)
-        n = len(draft.tokens) + 1
+        """One target forward over [pending, d_1..d_k]: logits [k+1, V] (and hidden [k+1, D]).
+        The drafts enter as device arrays: no host round trip between drafting and verifying."""
+        pending = mx.array(self.tokens[self.cached :], dtype=mx.int32)
+        inputs = mx.concatenate([pending, draft.tokens]) if draft.k else pending
+        logits, hidden = self.target.forward(inputs, self.cache, hidden=self._want_hidden)
+        self.cached += inputs.shape[0]
+        n = draft.k + 1
         return logits[-n:], (hidden[-n:] if hidden is not None else None)
 
-    def commit(self, new: list[int], valid: int, hidden: mx.array | None) -> None:
+    def commit(self, new: list[int], valid: int, hidden: mx.array | None, *,
+               ahead: int = 0) -> None:
         """Append the round's kept tokens and cut every cache back to the committed sequence.
 
-        valid: how many leading tokens the drafter saw as they are now committed."""
+        valid: how many leading tokens the drafter saw as they are now committed.
+        ahead: a plain step already running on the new pending token (decode), which the
+        target cache keeps."""
         start = len(self.tokens) - 1  # position of the old pending token
         self.tokens.extend(new)
-        cut = kv.trim_to(self.cache, len(self.tokens) - 1, have=self.cached)
-        if cut:  # evaluated here, so a recurrent rollback's cost is counted as commit time
-            mx.eval(cut)
-        self.cached = len(self.tokens) - 1
+        if not ahead:  # (decode sealed the cache before its step ahead: nothing to cut)
+            cut = kv.trim_to(self.cache, len(self.tokens) - 1, have=self.cached)
+            if cut:  # evaluated here, so a recurrent rollback's cost is counted as commit time
+                mx.eval(cut)
+        self.cached = len(self.tokens) - 1 + ahead
         if self.drafter is not None:
             h = hidden[: len(new)] if hidden is not None else None
             self.drafter.commit(self._context(h, start), valid)
+
+    @property
+    def _want_hidden(self) -> bool | tuple[int, ...]:
+        return self.drafter.needs_hidden if self.drafter is not None else False
+
+    def decode(self, sampler: Sampler, plan: Callable[[], int]) -> Iterator[tuple[int, float]]:
+        """Plain decoding (no drafts), pipelined as mlx-lm's generate_step: the next step is
+        built on this step's still-lazy token before the host waits for it, so building a
+        graph overlaps the device running the one before. Yields (token, seconds it took).
+
+        plan(), asked before each token is read: what comes after it — 0 another plain step,
+        anything else the end of the run. A step already built past the end (the turn
+        stopped) is cut back, so the caches hold the committed sequence again."""
+        pipelined = not sampler.uses_history  # the penalty reads the history as host ints
+        y, h = self._decode_step(mx.array(self.tokens[-1:], dtype=mx.int32), sampler)
+        t = time.perf_counter()
+        try:
+            while True:
+                more = plan() == 0
+                ahead = None
+                if more and pipelined:
+                    kv.trim_to(self.cache, self.cached, have=self.cached)  # seal: this step stays
+                    ahead = self._decode_step(y, sampler)
+                token = int(y.item())
+                self.commit([token], len(self.tokens), h, ahead=ahead is not None)
+                now = time.perf_counter()
+                yield token, now - t
+                if not more:
+                    return
+                t = time.perf_counter()
+                if ahead is None:
+                    ahead = self._decode_step(mx.array([token], dtype=mx.int32), sampler)
+                y, h = ahead
+        finally:
+            committed = len(self.tokens) - 1
+            if self.cached > committed and kv.can_trim_to(self.cache, committed,
+                                                           have=self.cached):
+                kv.trim_to(self.cache, committed, have=self.cached)
+                self.cached = committed
+            # else (a recurrent model without rollback) the cache holds one token more than
+            # the invariant says; `cached` counts it, and the next prefill reuses or resets
+
+    def _decode_step(self, x: mx.array, sampler: Sampler) -> tuple[mx.array, mx.array | None]:
+        """One target step on token x (lazy or not): the next token, lazy, started on the
+        device; and the step's hidden row for a hidden-state drafter."""
+        logits, h = self.target.forward(x, self.cache, hidden=self._want_hidden)
+        self.cached += 1
+        y = sampler.next_token(logits[-1:], self.tokens)
+        mx.async_eval([y] + ([h] if h is not None else []))
+        return y, h
+
+    def _round(self, k: int, sampler: Sampler, s: _Counters, policy: AdaptiveDraftLength | None,
+               keep: Callable[[list[int]], int]) -> Iterator[tuple[list[int], list[Kind]]]:
+        """One speculative round: draft, verify, accept, commit the first keep(tokens) of its
+        tokens (the turn may end inside it); yields them and their kinds."""
+        split = policy is not None and policy.split()  # time draft and verify apart this round
+        t = round_start = time.perf_counter()
+        draft = self.draft(k, sampler, split=split)
+        draft_s = time.perf_counter() - t
+        t = time.perf_counter()
+        logits, hidden = self.verify(draft)
+        verdict = sampler.verify(logits, self.tokens, draft.tokens, draft.probs)
+        verify_s = time.perf_counter() - t
+        n, k = verdict.num_accepted, draft.k
+        new = verdict.tokens[: keep(verdict.tokens)]
+        t = time.perf_counter()
+        self.commit(new, len(self.tokens) + min(n, len(new)), hidden)
+        s.commit_s += time.perf_counter() - t
+        s.add(k, n, draft_s, verify_s)
+        if policy is not None:
+            policy.observe(k, n, draft_s if split else None,
+                           verify_seconds=verify_s if split else None,
+                           round_seconds=time.perf_counter() - round_start, fed=draft.fed)
+        last = Kind.TARGET if k == 0 else Kind.BONUS if n == k else Kind.CORRECTED
+        yield new, ([Kind.ACCEPTED] * n + [last])[: len(new)]
+
+    def _plain(self, sampler: Sampler, plan: Callable[[], int], s: _Counters,
+               policy: AdaptiveDraftLength | None) -> Iterator[tuple[list[int], list[Kind]]]:
+        """A run of plain decoding (decode), one token per target pass, until plan() ends it."""
+        for token, seconds in self.decode(sampler, plan):
+            s.add(0, 0, 0.0, seconds)
+            if policy is not None:
+                policy.observe_plain(seconds)
+            yield [token], [Kind.TARGET]
 
     # -- a turn ----------------------------------------------------------------------------------
 
@@ -220,57 +315,51 @@ class Engine:
         emitted: list[float] = []  # when each token was handed to the caller
         finish = "length"
         ttft = 0.0
-        while len(generated) < max_tokens:
-            if stop is not None and stop.is_set():
-                finish = "cancelled"
-                break
-            if len(self.tokens) >= self.target.context_length:
-                finish = "context"
-                break
-            remaining = max_tokens - len(generated)
-            limit = min(remaining - 1, self.target.context_length - len(self.tokens) - 1)
+        planned: int | None = None  # k chosen at the end of a plain run, for the round after
+
+        def choose(ahead: int = 0) -> int:
+            """k for the round after `ahead` more tokens; -1: the turn is over by then."""
+            left = max_tokens - len(generated) - ahead
+            length = len(self.tokens) + ahead
+            if left <= 0 or length >= self.target.context_length or (
+                    stop is not None and stop.is_set()):
+                return -1
+            limit = min(left - 1, self.target.context_length - length - 1)
             if self.drafter is None or limit <= 0:
-                k = 0
-            else:
-                k = policy.choose(limit) if policy else min(k_max, limit)
+                return 0
+            return policy.choose(limit) if policy else min(k_max, limit)
 
-            t = round_start = time.perf_counter()
-            draft_before, verify_before = s.draft_s, s.verify_s
-            draft = self.draft(k, sampler)
-            if draft.probs is not None:  # so the draft's time is counted as drafting
-                mx.eval(draft.probs)
-            s.draft_s += time.perf_counter() - t
+        def plan() -> int:  # asked by a plain run before it reads each token
+            nonlocal planned
+            planned = choose(ahead=1)
+            return planned
 
-            t = time.perf_counter()
-            logits, hidden = self.verify(draft)
-            verdict = sampler.verify(logits, self.tokens, draft.tokens, draft.probs)
-            s.verify_s += time.perf_counter() - t
-            s.passes += 1
-
-            n, k = verdict.num_accepted, len(draft.tokens)
-            new = draft.tokens[:n] + [verdict.token]
-            kinds = [Kind.ACCEPTED] * n + [
-                Kind.TARGET if k == 0 else Kind.BONUS if n == k else Kind.CORRECTED
-            ]
-            cut, reason = _stop_point(new, remaining, eos)
-            new, kinds = new[:cut], kinds[:cut]
-            s.count(k, n)
-            t = time.perf_counter()
-            self.commit(new, len(self.tokens) + min(n, len(new)), hidden)
-            s.commit_s += time.perf_counter() - t
-            if policy is not None:
-                policy.observe(k, n, s.draft_s - draft_before,
-                               verify_seconds=s.verify_s - verify_before,
-                               round_seconds=time.perf_counter() - round_start, fed=draft.fed)
-
-            for tok, kind in zip(new, kinds, strict=True):
-                if tok in eos:
-                    break
-                generated.append(tok)
-                emitted.append(time.perf_counter())
-                if not ttft:
-                    ttft = emitted[-1] - t0
-                yield TokenEvent(tok, decoder.add(tok), kind)
+        while True:
+            k = planned if planned is not None else choose()
+            planned = None
+            if k < 0:
+                if stop is not None and stop.is_set():
+                    finish = "cancelled"
+                elif len(generated) < max_tokens:
+                    finish = "context"
+                break
+            rounds = (self._plain(sampler, plan, s, policy) if k == 0 else self._round(
+                k, sampler, s, policy, lambda new: _stop_point(new, max_tokens - len(generated),
+                                                               eos)[0]))
+            reason = ""
+            with closing(rounds):  # a plain run stopped early cuts its extra step back
+                for new, kinds in rounds:
+                    cut, reason = _stop_point(new, max_tokens - len(generated), eos)
+                    for tok, kind in zip(new[:cut], kinds[:cut], strict=True):
+                        if tok in eos:
+                            break
+                        generated.append(tok)
+                        emitted.append(time.perf_counter())
+                        if not ttft:
+                            ttft = emitted[-1] - t0
+                        yield TokenEvent(tok, decoder.add(tok), kind)
+                    if reason:
+                        break
             if reason:
                 finish = reason
                 break
@@ -316,7 +405,11 @@ class _Counters:
         self.pos_drafted = [0] * k_max
         self.pos_accepted = [0] * k_max
 
-    def count(self, k: int, n: int) -> None:
+    def add(self, k: int, n: int, draft_s: float, verify_s: float) -> None:
+        """A target pass that verified k drafts and accepted n."""
+        self.passes += 1
+        self.draft_s += draft_s
+        self.verify_s += verify_s
         self.drafted += k
         self.accepted += n
         for i in range(k):

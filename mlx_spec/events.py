@@ -35,6 +35,9 @@ class TurnStats:
     per_position_drafted: tuple[int, ...] = ()
     per_position_accepted: tuple[int, ...] = ()
     prefill_s: float = 0.0
+    # until the drafts are handed to the verify pass / until its verdict is read: with one
+    # host sync per round the drafter's device work lands in verify_s, except in the rounds
+    # `auto` times in parts; plain-decoding steps count as verify
     draft_s: float = 0.0
     verify_s: float = 0.0
     commit_s: float = 0.0  # cutting caches back to the accepted prefix (recurrent: replays)

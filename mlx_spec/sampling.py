@@ -136,18 +136,38 @@ class Verdict:
 
     num_accepted: int  # n: the first n drafts are kept
     token: int  # the target's own token after them: a correction (n < k) or the bonus (n == k)
+    accepted: tuple[int, ...] = ()  # those n drafts, as host ints
+
+    @property
+    def tokens(self) -> list[int]:
+        """The round's emitted tokens: the accepted drafts, then the target's own."""
+        return [*self.accepted, self.token]
 
 
-def verify_greedy(target_logits: mx.array, drafts: list[int]) -> Verdict:
+def _as_ids(drafts: mx.array | list[int]) -> mx.array:
+    return drafts if isinstance(drafts, mx.array) else mx.array(drafts, dtype=mx.int32)
+
+
+def _resolve(n: mx.array, token: mx.array, drafts: mx.array) -> Verdict:
+    """The round's one host sync: n, the token and the (possibly still lazy) drafts together."""
+    out = mx.concatenate([n.reshape(1), token.reshape(1), drafts.reshape(-1)]
+                         ).astype(mx.int32).tolist()
+    return Verdict(out[0], out[1], tuple(out[2 : 2 + out[0]]))
+
+
+def verify_greedy(target_logits: mx.array, drafts: mx.array | list[int]) -> Verdict:
     """Longest prefix of drafts equal to the target's argmax, then the target's argmax.
 
-    target_logits [k+1, V]: row i is the target's prediction after drafts[:i].
-    """
-    best = mx.argmax(target_logits, axis=-1).tolist()
-    n = 0
-    while n < len(drafts) and drafts[n] == best[n]:
-        n += 1
-    return Verdict(n, best[n])
+    target_logits [k+1, V]: row i is the target's prediction after drafts[:i]. Computed on the
+    device, so lazy drafts never need a host round trip before the verify pass."""
+    drafts = _as_ids(drafts)
+    best = mx.argmax(target_logits, axis=-1).astype(mx.int32)
+    k = drafts.shape[0]
+    if k == 0:
+        return _resolve(mx.array(0), best[0], drafts)
+    same = (drafts.astype(mx.int32) == best[:k]).astype(mx.int32)
+    n = mx.cumprod(same).sum()  # length of the agreeing prefix
+    return _resolve(n, mx.take(best, n), drafts)
 
 
 def rejection_sample(
@@ -212,19 +232,28 @@ class Sampler:
             return mx.argmax(logits, axis=-1)
         return categorical(probabilities(logits, self.cfg), self.next_key())
 
-    def verify(
-        self, target_logits: mx.array, history: list[int], drafts: list[int], q: mx.array | None
-    ) -> Verdict:
-        """Decide a round: target_logits [k+1, V] for the positions after history, drafts[:i]."""
-        logits = penalize(target_logits, history, drafts, self.cfg)
+    def next_token(self, logits: mx.array, history: list[int]) -> mx.array:
+        """The target's own token from its logits [1, V] after history (plain decoding), lazy:
+        the caller may build the next step on it before the host reads it."""
+        logits = penalize(logits, history, [], self.cfg)
+        if self.cfg.greedy:
+            return mx.argmax(logits[0], axis=-1).astype(mx.int32)
+        return categorical(probabilities(logits, self.cfg)[0], self.next_key()).astype(mx.int32)
+
+    def verify(self, target_logits: mx.array, history: list[int], drafts: mx.array | list[int],
+               q: mx.array | None) -> Verdict:
+        """Decide a round: target_logits [k+1, V] for the positions after history, drafts[:i].
+        drafts may still be lazy: the decision, drafts included, reaches the host in one sync."""
+        drafts = _as_ids(drafts)
+        rows = drafts.tolist() if self.uses_history else []  # already evaluated (draft_chain)
+        logits = penalize(target_logits, history, rows, self.cfg)
         if self.cfg.greedy:
             return verify_greedy(logits, drafts)
         p = probabilities(logits, self.cfg)
-        if not drafts:
-            return Verdict(0, categorical(p[0], self.next_key()).item())
-        n, token = rejection_sample(p, q, mx.array(drafts), self.next_key())
-        mx.eval(n, token)
-        return Verdict(n.item(), token.item())
+        if drafts.shape[0] == 0:
+            return _resolve(mx.array(0), categorical(p[0], self.next_key()), drafts)
+        n, token = rejection_sample(p, q, drafts, self.next_key())
+        return _resolve(n, token, drafts)
 
 
 def _fresh_seed() -> int:

@@ -122,3 +122,29 @@ def test_probes_back_off_while_speculation_cannot_pay():
     cheap.probe_gap = 512
     feed(cheap, 50, lambda i: True)
     assert cheap.probe_gap == cheap.probe_every and cheap.choose() > 0
+
+
+def test_fused_rounds_refine_only_the_fixed_cost_and_plain_decoding_is_measured():
+    """A round run as one device graph has only its total time: d and r keep what the timed
+    rounds measured, o takes the residual (here negative: the overlap the one sync saves).
+    Plain decoding's own measured cost is what k = 0 is compared against."""
+    costs = [1.0 + 0.03 * q for q in range(9)]
+    policy = AdaptiveDraftLength(costs, draft_cost=0.02)
+    for _ in range(100):
+        policy.observe(2, 1, draft_seconds=0.04, verify_seconds=costs[2],
+                       round_seconds=0.04 + costs[2])
+    d, r = policy.draft_cost, policy.slowdown
+    for _ in range(100):
+        policy.observe(2, 1, round_seconds=0.04 + costs[2] - 0.03)
+    assert (policy.draft_cost, policy.slowdown) == (d, r)
+    assert abs(policy.overhead + 0.03) < 1e-3
+    assert policy.round_cost(0) == costs[0]  # not measured yet: the calibration
+    for _ in range(50):
+        policy.observe_plain(0.5)
+    assert abs(policy.round_cost(0) - 0.5) < 1e-9
+
+
+def test_split_rounds_are_the_first_few_then_one_in_eight():
+    policy = AdaptiveDraftLength([1.0] * 9)
+    split = [policy.split() for _ in range(32)]
+    assert split[:3] == [True] * 3 and sum(split) == 3 + 4

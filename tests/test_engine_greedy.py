@@ -127,8 +127,10 @@ def test_quantized_kv_cache_option(load):
     engine = Engine(target, tok, DraftModelDrafter(draft, target), num_draft=4, kv_bits=8)
     assert all(isinstance(c, QuantizedKVCache) for c in engine.cache)
 
-    def commit(new, valid, hidden, original=engine.commit):
-        original(new, valid, hidden)
+    def commit(new, valid, hidden, original=engine.commit, ahead=0):
+        original(new, valid, hidden, ahead=ahead)
+        if ahead:  # a plain step runs ahead on the pending token: checked at the next commit
+            return
         fresh = kv.make_cache(target.model, kv_bits=8)
         target.forward(engine.tokens[:-1], fresh)
         for got, want in zip(engine.cache, fresh, strict=True):
@@ -153,3 +155,29 @@ def test_inter_token_latency_shows_the_bursts_of_speculation(load):
     assert s.itl_p50_s < 0.5 * s.itl_max_s  # within a burst the gaps are near zero
     assert p.itl_p50_s > 0 and p.itl_p50_s <= p.itl_p90_s <= p.itl_max_s
     assert type(spec.stats).from_dict(spec.stats.to_dict()) == spec.stats
+
+
+@pytest.mark.parametrize("drafter", ["none", "twin"])
+def test_a_turn_ending_inside_a_round_commits_only_what_it_emitted(load, drafter):
+    """max_tokens or an end token inside a round: the conversation holds exactly the emitted
+    tokens, and the caches a recompute of them — also after plain decoding, whose pipelined
+    step past the end is cut back (on a recurrent model: test_hybrid's plain decoding)."""
+    from helpers import assert_cache_equals_recompute
+
+    from mlx_spec.events import TurnEnd
+
+    target, tok = load("llama")
+    spec = None if drafter == "none" else DraftModelDrafter(target, target)
+    engine = Engine(target, tok, spec, num_draft=4)
+    end, _ = run(engine, max_tokens=7)  # a perfect drafter: rounds of 5, the second cut at 2
+    assert list(end.tokens) == engine.tokens[len(PROMPT):] and len(end.tokens) == 7
+    assert engine.cached == len(engine.tokens) - 1
+    assert_cache_equals_recompute(target, engine.cache, engine.tokens[:-1])
+    stop_token = end.tokens[3]
+    engine.reset()
+    engine.eos = {stop_token}
+    events = list(engine.generate(PROMPT, max_tokens=40))
+    first = list(end.tokens).index(stop_token)
+    assert isinstance(events[-1], TurnEnd) and events[-1].finish_reason == "stop"
+    assert engine.tokens == PROMPT + list(end.tokens[: first + 1])  # through the end token
+    assert_cache_equals_recompute(target, engine.cache, engine.tokens[:-1])

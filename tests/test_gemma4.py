@@ -234,3 +234,13 @@ def test_draft_model_dir_is_recognised_and_sets_the_draft_length(pair_dir, capsy
     assert main(["generate", "--model", str(target_dir), "--draft-model", str(assistant_dir),
                  "--prompt", "def", "--max-tokens", "8"]) == 0
     assert "assistant" in capsys.readouterr().err
+
+
+def test_quantized_kv_cache_is_refused_in_one_line(pair):
+    """mlx-lm's Gemma 4 KV-shared layers attend over the donor's K/V with plain SDPA, which
+    cannot read quantized K/V: --kv-bits is refused up front, not a traceback mid-prefill."""
+    from mlx_spec.errors import UnsupportedModelError
+
+    target, tok, drafter = pair("agree")
+    with pytest.raises(UnsupportedModelError, match="kv-bits"):
+        Engine(target, tok, drafter, num_draft=4, kv_bits=8)

@@ -115,3 +115,25 @@ def test_hidden_history_keeps_only_what_the_head_can_read(load, kind):
     edited = PROMPT[:10] + [11, 12, 13]  # shares only 10 tokens: rows from before `base`
     got = assert_turn_matches_fresh(engine, edited, 24)
     assert got.stats.drafted > 0
+
+
+def test_shared_kv_head_reads_a_quantized_cache_in_place(monkeypatch):
+    """With an 8-bit KV cache the trained shared-KV head attends over the target's quantized
+    K/V as they are (quantized SDPA): nothing is dequantized per round, its drafts are still
+    accepted as often as over plain K/V, and greedy output stays the 8-bit target's own."""
+    from mlx_spec import load_engine
+
+    prompt = load_engine(drafter="none").tokenizer.encode("def read_config(path):\n    ")
+    plain = load_engine(drafter="mtp", num_draft=4)
+    quantized = load_engine(drafter="mtp", num_draft=4, kv_bits=8)
+    baseline, _ = run(load_engine(drafter="none", kv_bits=8), prompt, max_tokens=48)
+    want, _ = run(plain, prompt, max_tokens=48)
+    calls = []  # K/V are [B, heads, L, D]: 4-d (the 8-bit embedding dequantizes 3-d rows)
+    real = mx.dequantize
+    monkeypatch.setattr(mx, "dequantize",
+                        lambda w, *a, **kw: calls.append(w.ndim == 4) or real(w, *a, **kw))
+    got, _ = run(quantized, prompt, max_tokens=48)
+    assert calls and not any(calls)
+    assert_same_or_near_tie(quantized.target, prompt, list(got.tokens), list(baseline.tokens),
+                            bits=8)
+    assert got.stats.acceptance_rate >= 0.9 * want.stats.acceptance_rate > 0.3

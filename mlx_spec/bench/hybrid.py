@@ -99,22 +99,13 @@ def full_size_bytes_per_position(strategy: str, dims: dict = QWEN36_27B) -> int:
 
 def target_only_parity(wide: TargetModel, prompts, max_tokens: int, ours: Callable,
                        run_mlx_lm: Callable, make_row: Callable, pairs: int = 2) -> dict:
-    """Our target-only decoding ÷ mlx-lm's generate_step on the same model, in ABBA order (one
-    row each is too noisy on a shared machine: single runs here vary by ±10%)."""
-    import statistics
+    """Our target-only decoding ÷ mlx-lm's generate_step on the same model, ABBA."""
+    from .parity import abba
 
-    def a() -> float:
-        return ours(wide, None, 1, "parity", "none", "f32-hybrid", 0.0, 1.0).tok_s
-
-    def b() -> float:
-        return run_mlx_lm(wide, None, prompts, max_tokens, 0.0, 1.0, 1,
-                          make_row("parity", "none", "mlx-lm", "f32-hybrid", 0.0, 1.0, 0)).tok_s
-
-    ratios = []
-    for _ in range(pairs):
-        a1, b1, b2, a2 = a(), b(), b(), a()
-        ratios.append((a1 + a2) / (b1 + b2))
-    return {"median": statistics.median(ratios), "pairs": ratios}
+    return abba(lambda: ours(wide, None, 1, "parity", "none", "f32-hybrid", 0.0, 1.0).tok_s,
+                lambda: run_mlx_lm(wide, None, prompts, max_tokens, 0.0, 1.0, 1,
+                                   make_row("parity", "none", "mlx-lm", "f32-hybrid", 0.0, 1.0,
+                                            0)).tok_s, pairs)
 
 
 def hybrid_rows(cfg, prompts: list[list[int]], ours: Callable, run_mlx_lm: Callable,

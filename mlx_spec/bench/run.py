@@ -31,7 +31,8 @@ from ..loading import find_mtp_head, load_target
 from ..model import TargetModel
 from ..sampling import SamplingConfig
 from ..stats import Totals, quantiles
-from ..train.corpus import prompts_from_corpus
+from ..train.corpus import long_prompt, prompts_from_corpus
+from .parity import abba, describe
 from .widen import parameter_count, quantized, widen_mtp, widen_target
 
 
@@ -49,9 +50,12 @@ class BenchConfig:
     hybrid_rows: bool = True
     hybrid_noise: float = 0.06  # the hybrid target's damped layers (bench/hybrid.py)
     published_rows: bool = True  # Gemma 4 assistant and EAGLE-3 pairs (bench/published.py)
+    long_context: tuple[int, ...] = (1024, 3800)  # prompt lengths of the long-context rows
+    parity_pairs: int = 3  # ABBA pairs behind each ratio single rows cannot settle
 
 
-QUICK = BenchConfig(prompts=1, max_tokens=48, sweep=(2, 4), temperatures=((0.0, 1.0), (1.0, 1.0)))
+QUICK = BenchConfig(prompts=1, max_tokens=48, sweep=(2, 4), temperatures=((0.0, 1.0), (1.0, 1.0)),
+                    long_context=(1024,), parity_pairs=1)
 
 
 @dataclass
@@ -222,12 +226,19 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
         return widen_mtp(mtp_small, wide, small_layers=config["num_hidden_layers"])
 
     def ours(target: TargetModel, drafter, num_draft, name: str, dname: str, tname: str,
-             temp: float, top_p: float) -> Row:
+             temp: float, top_p: float, on: list[list[int]] | None = None) -> Row:
         engine = Engine(target, tok, drafter, num_draft=num_draft)
         list(engine.generate(prompts[0][:8], max_tokens=4))  # warm-up
         row = Row(name, dname, "mlx-spec", tname, temp, top_p, num_draft)
-        return run_ours(engine, prompts, cfg.max_tokens,
+        return run_ours(engine, on or prompts, cfg.max_tokens,
                         SamplingConfig(temperature=temp, top_p=top_p), row)
+
+    def mlx_lm(target: TargetModel, temp: float, on: list[list[int]] | None = None) -> Row:
+        return run_mlx_lm(target, None, on or prompts, cfg.max_tokens, temp, 1.0, 0,
+                          Row(f"mlx-lm generate_step T={temp:g}", "none", "mlx-lm", "f32",
+                              temp, 1.0, 0))
+
+    parity: dict[str, dict] = {}  # ABBA medians: what single rows are too noisy to settle
 
     rows: list[Row] = []
     for temp, top_p in cfg.temperatures:
@@ -236,9 +247,12 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
         group = [ours(wide, None, 1, f"target-only {tag}", "none", "f32", temp, top_p)]
         base = group[0].tok_s
         if top_p == 1.0:
-            group.append(run_mlx_lm(wide, None, prompts, cfg.max_tokens, temp, top_p, k,
-                                    Row(f"mlx-lm generate_step {tag}", "none", "mlx-lm", "f32",
-                                        temp, top_p, 0)))
+            group.append(mlx_lm(wide, temp))
+            one = prompts[:1]
+            parity[f"target-only ÷ mlx-lm generate_step {tag}"] = abba(
+                lambda t=temp, o=one: ours(wide, None, 1, "parity", "none", "f32", t, 1.0,
+                                           o).tok_s,
+                lambda t=temp, o=one: mlx_lm(wide, t, o).tok_s, cfg.parity_pairs)
             group.append(run_mlx_lm(wide, draft, prompts, cfg.max_tokens, temp, top_p, k,
                                     Row(f"mlx-lm speculative k={k} {tag}", "draft", "mlx-lm",
                                         "f32", temp, top_p, k)))
@@ -286,13 +300,34 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
 
     log("-- the bundled 8-bit demo target, as the app runs it")
     demo, _ = load_target(demo_model())
+    demo_mtp = load_mtp_drafter(find_mtp_head(demo_model(), demo), demo)
     group = [ours(demo, None, 1, "demo q8 target-only T=0", "none", "8bit", 0.0, 1.0),
-             ours(demo, load_mtp_drafter(find_mtp_head(demo_model(), demo), demo), "auto",
-                  "demo q8 mtp auto T=0", "mtp", "8bit", 0.0, 1.0)]
+             ours(demo, demo_mtp, "auto", "demo q8 mtp auto T=0", "mtp", "8bit", 0.0, 1.0)]
     for r in group:
         r.speedup_vs_target = r.tok_s / group[0].tok_s if group[0].tok_s else 0.0
         log(f"{r.name:<36} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}")
     rows.extend(group)
+    parity["demo q8 mtp auto ÷ demo q8 target-only T=0"] = abba(
+        lambda: ours(demo, demo_mtp, "auto", "parity", "mtp", "8bit", 0.0, 1.0).tok_s,
+        lambda: ours(demo, None, 1, "parity", "none", "8bit", 0.0, 1.0).tok_s,
+        2 * cfg.parity_pairs)
+
+    for length in cfg.long_context:
+        log(f"-- a {length}-token prompt")
+        on = [long_prompt(tok, length)]
+        group = [ours(wide, None, 1, f"{length}-token prompt target-only T=0", "none", "f32",
+                      0.0, 1.0, on),
+                 ours(wide, mtp(), k, f"{length}-token prompt ours mtp k={k} T=0", "mtp", "f32",
+                      0.0, 1.0, on),
+                 ours(wide, mtp(), "auto", f"{length}-token prompt ours mtp auto T=0", "mtp",
+                      "f32", 0.0, 1.0, on)]
+        for r in group:
+            r.speedup_vs_target = r.tok_s / group[0].tok_s if group[0].tok_s else 0.0
+            log(f"{r.name:<40} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}  "
+                f"ITL p50/p90 {r.itl_p50_ms:.0f}/{r.itl_p90_ms:.0f} ms")
+        rows.extend(group)
+    for name, p in parity.items():
+        log(f"{name}, median of ABBA pairs: {describe(p)}")
 
     for r in rows:
         if r.engine == "mlx-spec" and r.drafter != "none" and r.target == "f32":
@@ -317,7 +352,8 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
 
     mismatched = []
     for target in ("f32", "f32-hybrid", "f32-gemma4", "f32-eagle3"):
-        greedy = [r for r in rows if r.temperature == 0 and r.target == target]
+        greedy = [r for r in rows if r.temperature == 0 and r.target == target
+                  and "-token prompt" not in r.name]
         mismatched += [r.name for r in greedy if r.tokens != greedy[0].tokens]
     from .vocab import vocabulary_cost
 
@@ -334,6 +370,7 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
         "config": asdict(cfg),
         "greedy_identical": not mismatched,
         "greedy_mismatched_rows": mismatched,
+        "parity": parity,
         "hybrid": hybrid,
         "published": published,
         "rows": [{k: v for k, v in asdict(r).items() if k != "tokens"} for r in rows],
@@ -406,6 +443,18 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
               "and temperature in this run:", ""]
     lines += [f"- {a['auto']}: ×{a['ratio']:.2f} of {a['best']}"
               for a in result.get("auto_vs_best_fixed", [])]
+    if result.get("parity"):
+        lines += ["", "Ratios one run each cannot settle (single runs here vary by ±10%): the "
+                  "median of ABBA pairs, each (a₁ + a₂) / (b₁ + b₂) in tok/s:", ""]
+        lines += [f"- {name}: **{p['median']:.3f}** (pairs: "
+                  + ", ".join(f"{r:.3f}" for r in p["pairs"]) + ")"
+                  for name, p in result["parity"].items()]
+    if long := [r for r in result["rows"] if "-token prompt" in r["name"]]:
+        lines += ["", "Long prompts (rows `N-token prompt …`, held-out stdlib source, T = 0): "
+                  "speedup against target-only on the same prompt; ITL p50/p90 ms:", ""]
+        lines += [f"- {r['name']}: {r['tok_s']:.1f} tok/s, ×{r['speedup_vs_target']:.2f}, "
+                  f"{r['tokens_per_pass']:.2f} tokens/pass, ITL {r['itl_p50_ms']:.0f}/"
+                  f"{r['itl_p90_ms']:.0f}" for r in long]
     if v := result.get("vocabulary"):
         lines += ["", f"Sampler at a real vocabulary size (V = {v['vocab']:,}, T = "
                   f"{v['temperature']:g}, top-p {v['top_p']:g}, top-k {v['top_k']}): processing "
@@ -420,7 +469,10 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
               "mlx-lm` against mlx-lm `generate_step` at the same temperature. mlx-lm's "
               "acceptance column is its share of tokens flagged `from_draft`, its tokens/pass "
               "all tokens ÷ those not from the draft (one per target pass); `–` where an engine "
-              "does not report a value. ITL: gaps between consecutive tokens as the caller got "
+              "does not report a value. Draft/verify share: time until the draft is handed to the "
+              "verify pass / until the verdict is read; the drafter's device work runs inside "
+              "the verify wait (one host sync per round) except in the rounds `auto` times in "
+              "parts. ITL: gaps between consecutive tokens as the caller got "
               "them (speculation hands over a round's tokens at once). Efficiency = "
               "measured speedup ÷ (tokens per pass × c(1) / (c(k+1) + draft time per pass)), "
               "c from the line fit; the raw verify timings (ms, q = 1..9): "

@@ -39,7 +39,7 @@ from ..errors import ModelLoadError, TokenizerMismatchError
 from ..model import TargetModel
 from ..sampling import Sampler
 from .base import Draft, DraftContext, draft_chain
-from .mtp import target_kv
+from .mtp import last_keys, target_kv
 from .weights import load_exactly, one_line_errors, read_safetensors
 
 MODEL_TYPE = "gemma4_assistant"
@@ -134,10 +134,12 @@ class Gemma4Assistant(nn.Module):
 
     def __call__(self, emb: mx.array, h: mx.array, kv: dict[str, tuple], position: int):
         """emb, h [1, 1, d_target] → (logits [V], h' [1, 1, d_target]). kv: the target's
-        (keys, values) per attention type, already cut to what each type may see."""
+        (keys, values, quantized view or None) per attention type, already cut to what each
+        type may see."""
         x = self.pre_projection(mx.concatenate([emb, h], axis=-1))
         for layer, kind in zip(self.model.layers, self.layer_types, strict=True):
-            x, _, _ = layer(x, None, None, shared_kv=kv[kind], offset=position)
+            keys, values, view = kv[kind]
+            x, _, _ = layer(x, None, view, shared_kv=(keys, values), offset=position)
         y = self.model.norm(x)
         if "masked_embedding" in self:
             logits = self.masked_embedding(y[0, 0], self.model.embed_tokens)
@@ -183,14 +185,14 @@ class AssistantDrafter:
     def has_hidden(self, position: int) -> bool:
         return self.h is not None and self.h_at == position
 
-    def _kv(self, cache: list[Any]) -> dict[str, tuple[mx.array, mx.array]]:
+    def _kv(self, cache: list[Any]) -> dict[str, tuple]:
         out = {}
         for kind, i in kv_sources(self.target, len(cache)).items():
-            k, v = target_kv(cache[i])
+            k, v, view = target_kv(cache[i])
             if kind == "sliding_attention":
                 keep = self.module.window + 1
-                k, v = k[..., -keep:, :], v[..., -keep:, :]
-            out[kind] = (k, v)
+                k, v = last_keys(k, keep), last_keys(v, keep)
+            out[kind] = (k, v, view)
         return out
 
     def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:

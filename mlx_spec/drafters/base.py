@@ -18,11 +18,16 @@ from ..sampling import Sampler
 
 @dataclass(frozen=True)
 class Draft:
-    """k proposed tokens; probs [k, V] are the real draft distributions (None when greedy)."""
+    """k proposed tokens [k] (int32, possibly still lazy on the device: they go straight into
+    the verify pass); probs [k, V] are the real draft distributions (None when greedy)."""
 
-    tokens: list[int] = field(default_factory=list)
+    tokens: mx.array = field(default_factory=lambda: mx.zeros((0,), mx.int32))
     probs: mx.array | None = None
     fed: int = 1  # tokens the drafter read before drafting (more than a few: a catch-up)
+
+    @property
+    def k(self) -> int:
+        return self.tokens.shape[0]
 
 
 @dataclass
@@ -73,8 +78,8 @@ class Drafter(Protocol):
 def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler, *,
                 fed: int = 1) -> Draft:
     """k autoregressive draft steps: step(input) -> next-token logits [V]; each sampled token is
-    the next input. Tokens stay lazy on the device (no host sync per step) unless the
-    repetition penalty needs them as ints; one sync at the end."""
+    the next input. Tokens stay lazy on the device (no host sync at all: the verify pass reads
+    them there) unless the repetition penalty needs them as ints."""
     history = ctx.tokens[-sampler.cfg.repetition_context :] if sampler.uses_history else []
     x, tokens, probs = first_input, [], []
     for _ in range(k):
@@ -84,4 +89,4 @@ def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler, 
         if q is not None:
             probs.append(q)
         x = token.reshape(1)
-    return Draft(mx.stack(tokens).tolist(), mx.stack(probs) if probs else None, fed)
+    return Draft(mx.stack(tokens).astype(mx.int32), mx.stack(probs) if probs else None, fed)

@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
-from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.base import create_causal_mask, scaled_dot_product_attention
 
 from .. import cache as kv
 from ..errors import ModelLoadError, TokenizerMismatchError, first_line
@@ -107,14 +107,13 @@ class SharedKVLayer(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
         self.mlp = SwiGLU(d, cfg.intermediate_size)
 
-    def __call__(self, x, keys, values, rope, offset, mask):
+    def __call__(self, x, keys, values, rope, offset, mask, view=None):
         B, L, _ = x.shape
         q = self.q_proj(self.input_layernorm(x)).reshape(B, L, self.num_heads, self.head_dim)
         q = rope(self.q_norm(q).transpose(0, 2, 1, 3), offset=offset)
         # the target's keys carry RoPE at their absolute positions, so q·k sees relative offsets
-        o = mx.fast.scaled_dot_product_attention(
-            q, keys, values, scale=self.head_dim**-0.5, mask=mask
-        )
+        o = scaled_dot_product_attention(q, keys, values, cache=view,
+                                         scale=self.head_dim**-0.5, mask=mask)
         x = x + self.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -127,10 +126,10 @@ class SharedKVHead(nn.Module):
         self.post_projection = nn.Linear(cfg.hidden_size, cfg.target_hidden_size, bias=False)
         self.norm = nn.RMSNorm(cfg.target_hidden_size, eps=cfg.rms_norm_eps)
 
-    def __call__(self, emb, h, keys, values, rope, offset, mask=None):
+    def __call__(self, emb, h, keys, values, rope, offset, mask=None, view=None):
         x = self.pre_projection(mx.concatenate([emb, h], axis=-1))
         for layer in self.layers:
-            x = layer(x, keys, values, rope, offset, mask)
+            x = layer(x, keys, values, rope, offset, mask, view)
         return self.norm(self.post_projection(x))  # target-space h': head input and next h
 
 
@@ -200,13 +199,33 @@ class HiddenHistory:
         return self.buf.nbytes if self.buf is not None else 0
 
 
-def target_kv(cache: Any) -> tuple[mx.array, mx.array]:
-    """A layer's stored K/V as plain arrays (dequantized if the cache is quantized)."""
+@dataclass(frozen=True)
+class QuantizedView:
+    """A quantized target cache as a KV-sharing head sees it: passed as the attention's cache,
+    it makes mlx-lm's attention run on the quantized K/V themselves (quantized SDPA), so no
+    round dequantizes a whole layer; nothing is ever written through it."""
+
+    group_size: int
+    bits: int
+
+    def update_and_fetch(self, keys, values):
+        return keys, values
+
+
+def target_kv(cache: Any) -> tuple[Any, Any, QuantizedView | None]:
+    """A layer's stored K/V, read in place: plain arrays, or for a quantized cache its
+    (packed, scales, biases) triples and the view that attends over them."""
     k, v = cache.keys_and_values() if hasattr(cache, "keys_and_values") else cache.state[:2]
     if isinstance(k, tuple | list):
-        k = mx.dequantize(*k, group_size=cache.group_size, bits=cache.bits)
-        v = mx.dequantize(*v, group_size=cache.group_size, bits=cache.bits)
-    return k, v
+        return tuple(k), tuple(v), QuantizedView(cache.group_size, cache.bits)
+    return k, v, None
+
+
+def last_keys(kv: Any, n: int) -> Any:
+    """The newest n entries of stored K or V (plain, or a quantized triple)."""
+    if isinstance(kv, tuple):
+        return tuple(a[..., -n:, :] for a in kv)
+    return kv[..., -n:, :]
 
 
 class MTPDrafter:
@@ -277,10 +296,11 @@ class MTPDrafter:
         if n < 2 or self.hist.n != n - 1 or not self.hist.has(first_row):
             return Draft()
         if self.cfg.kind == "shared-kv":
-            keys, values = target_kv(ctx.target_cache[self.cfg.kv_layer])
+            keys, values, view = target_kv(ctx.target_cache[self.cfg.kv_layer])
 
             def step(tokens, h, pos):
-                return self.head(self._embed(tokens), h, keys, values, self.rope, pos)
+                return self.head(self._embed(tokens), h, keys, values, self.rope, pos,
+                                 view=view)
 
             first = (ctx.tokens[-1:], self.hist.rows(n - 2, n - 1)[None], n - 1)
             fed = 1

@@ -49,7 +49,7 @@ class NgramDrafter:
         if not sampler.cfg.greedy:
             probs = mx.zeros((len(proposal), ctx.target.vocab_size))
             probs[mx.arange(len(proposal)), mx.array(proposal)] = 1.0
-        return Draft(list(proposal), probs)
+        return Draft(mx.array(proposal, dtype=mx.int32), probs)
 
     def arrays(self) -> list:
         return []

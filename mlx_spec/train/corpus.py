@@ -83,3 +83,15 @@ def prompts_from_corpus(tokenizer: Any, n: int, length: int = 48) -> list[list[i
             ids = tokenizer.encode(text[: length * 16], add_special_tokens=False)
             out.append(list(ids[:length]))
     return out
+
+
+def long_prompt(tokenizer: Any, length: int) -> list[int]:
+    """`length` tokens of held-out stdlib source, files joined in order (long-context rows)."""
+    ids: list[int] = []
+    for path in stdlib_files():
+        text = read_text(path) if is_held_out(path) else None
+        if text:
+            ids += tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) >= length:
+            return ids[:length]
+    raise ValueError(f"the held-out corpus has fewer than {length} tokens")

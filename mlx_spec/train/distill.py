@@ -60,7 +60,7 @@ def teacher(target: TargetModel, x: mx.array, kv_layer: int):
     cache = kv.make_cache(target.model, slack=x.shape[1])
     h = target.backbone(x, cache=cache)
     p = mx.softmax(target.head(h).astype(mx.float32), axis=-1)
-    k, v = target_kv(cache[kv_layer])
+    k, v, _ = target_kv(cache[kv_layer])  # a fresh cache: never quantized
     return mx.stop_gradient(h), mx.stop_gradient(p), mx.stop_gradient(k), mx.stop_gradient(v)
 
 
