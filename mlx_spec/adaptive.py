@@ -55,6 +55,33 @@ def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
     return smooth_linear(costs) if smooth else tuple(costs)
 
 
+def measure_plain_cost(target: TargetModel, *, context: int = 96, steps: int = 8,
+                       repeats: int = 3) -> float:
+    """Seconds per token of plain decoding pipelined as the engine runs it (each step built on
+    the previous step's still-lazy token before the host reads that), after `context` tokens:
+    the fastest of `repeats` runs of `steps` steps. Measured beside c(q), so both share the
+    machine's state; drift after that is one factor r for both (see AdaptiveDraftLength)."""
+    cache = kv.make_cache(target.model, slack=steps + 2)
+    prompt = [(i * 31) % max(2, target.vocab_size - 3) + 3 for i in range(context)]
+    logits, _ = target.forward(prompt, cache)
+    first = mx.argmax(logits[-1])
+    mx.eval(first)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        y = first
+        for _ in range(steps):
+            logits, _ = target.forward(y.reshape(1), cache)
+            ahead = mx.argmax(logits[-1])
+            mx.async_eval(ahead)
+            y.item()
+            y = ahead
+        y.item()
+        times.append((time.perf_counter() - t0) / steps)
+        kv.trim_to(cache, context, have=context + steps)
+    return min(times[1:])  # drop the warm-up
+
+
 def smooth_linear(costs: Sequence[float]) -> tuple[float, ...]:
     """Least-squares line through (q, cost), with a slope of at least 0."""
     n = len(costs)
@@ -69,7 +96,8 @@ def smooth_linear(costs: Sequence[float]) -> tuple[float, ...]:
 class AdaptiveDraftLength:
     """Online per-position acceptance + costs fitted from the rounds → k for the next round."""
 
-    def __init__(self, verify_costs: Sequence[float], *, draft_cost: float | None = None,
+    def __init__(self, verify_costs: Sequence[float], *, plain_cost: float | None = None,
+                 draft_cost: float | None = None,
                  prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.98,
                  probe_every: int = 16, explore_every: int = 8, split_every: int = 8):
         self.costs = tuple(verify_costs)
@@ -80,7 +108,9 @@ class AdaptiveDraftLength:
         self.prior, self.prior_weight = prior, prior_weight
         self.draft_cost = draft_cost if draft_cost is not None else 0.1 * self.costs[0]
         self.overhead = 0.0  # o: seconds per round outside drafting and verifying
-        self.plain_cost: float | None = None  # measured seconds per plain (pipelined) token
+        # p: plain decoding's calibrated seconds per token; pipelined, it cannot cost more than
+        # a synced one-token pass, so a timing disturbed upward is capped at c(1)
+        self.plain_cost = min(plain_cost or self.costs[0], self.costs[0])
         self.slowdown = 1.0  # r: measured verify time / calibrated c(k+1)
         self.decay, self.probe_every, self.explore_every = decay, probe_every, explore_every
         self.rounds_off = self.rounds_on = self.rounds_drafted = 0
@@ -111,9 +141,7 @@ class AdaptiveDraftLength:
 
     def round_cost(self, k: int) -> float:
         if k == 0:
-            if self.plain_cost is not None:
-                return self.plain_cost
-            return max(0.0, self.overhead) + self.slowdown * self.costs[0]
+            return self.slowdown * self.plain_cost
         return max(self.overhead + k * self.draft_cost + self.slowdown * self.costs[k],
                    1e-6)
 
@@ -171,7 +199,7 @@ class AdaptiveDraftLength:
             self.seen[i] = self.decay * self.seen[i] + 1
 
     def observe_plain(self, seconds: float) -> None:
-        """One token of plain decoding took `seconds` (pipelined: the host builds each step
-        while the device runs the one before, so this is what k = 0 costs)."""
-        p = self.plain_cost
-        self.plain_cost = seconds if p is None else 0.9 * p + 0.1 * seconds
+        """One token of plain decoding took `seconds`: it refines r, the one drift factor that
+        scales plain decoding and verification alike, so a machine that slows down or speeds
+        up (another load, a longer context) leaves the choice between them unchanged."""
+        self.slowdown = 0.95 * self.slowdown + 0.05 * seconds / self.plain_cost

@@ -25,7 +25,7 @@ from typing import Any
 import mlx.core as mx
 
 from . import cache as kv
-from .adaptive import AdaptiveDraftLength, measure_verify_costs
+from .adaptive import AdaptiveDraftLength, measure_plain_cost, measure_verify_costs
 from .detok import IncrementalDecoder
 from .drafters.base import Draft, DraftContext, Drafter
 from .errors import MlxSpecError, PromptTooLongError
@@ -61,6 +61,7 @@ class Engine:
         # on verify costs calibrated once
         self.policies: dict[tuple[str, bool], AdaptiveDraftLength] = {}
         self.verify_costs: tuple[float, ...] | None = None
+        self.plain_cost: float | None = None  # seconds per pipelined plain token, calibrated
         self._last_policy: AdaptiveDraftLength | None = None
         self.kv_bits = kv_bits
         self.eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
@@ -115,9 +116,11 @@ class Engine:
             return None
         if self.verify_costs is None:
             self.verify_costs = measure_verify_costs(self.target, self.num_draft)
+            self.plain_cost = measure_plain_cost(self.target)
         key = (self.drafter.name, greedy)
         if key not in self.policies:
-            self.policies[key] = AdaptiveDraftLength(self.verify_costs)
+            self.policies[key] = AdaptiveDraftLength(self.verify_costs,
+                                                     plain_cost=self.plain_cost)
         return self.policies[key]
 
     @property

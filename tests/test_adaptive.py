@@ -124,12 +124,13 @@ def test_probes_back_off_while_speculation_cannot_pay():
     assert cheap.probe_gap == cheap.probe_every and cheap.choose() > 0
 
 
-def test_fused_rounds_refine_only_the_fixed_cost_and_plain_decoding_is_measured():
+def test_fused_rounds_refine_only_the_fixed_cost_and_plain_decoding_shares_the_drift():
     """A round run as one device graph has only its total time: d and r keep what the timed
     rounds measured, o takes the residual (here negative: the overlap the one sync saves).
-    Plain decoding's own measured cost is what k = 0 is compared against."""
+    Plain decoding costs its calibrated p times the same drift r, and its tokens refine r:
+    a machine twice as slow makes both sides twice as dear, so the choice stays put."""
     costs = [1.0 + 0.03 * q for q in range(9)]
-    policy = AdaptiveDraftLength(costs, draft_cost=0.02)
+    policy = AdaptiveDraftLength(costs, plain_cost=0.6, draft_cost=0.02)
     for _ in range(100):
         policy.observe(2, 1, draft_seconds=0.04, verify_seconds=costs[2],
                        round_seconds=0.04 + costs[2])
@@ -138,10 +139,13 @@ def test_fused_rounds_refine_only_the_fixed_cost_and_plain_decoding_is_measured(
         policy.observe(2, 1, round_seconds=0.04 + costs[2] - 0.03)
     assert (policy.draft_cost, policy.slowdown) == (d, r)
     assert abs(policy.overhead + 0.03) < 1e-3
-    assert policy.round_cost(0) == costs[0]  # not measured yet: the calibration
-    for _ in range(50):
-        policy.observe_plain(0.5)
-    assert abs(policy.round_cost(0) - 0.5) < 1e-9
+    assert abs(policy.round_cost(0) - 0.6) < 1e-6
+    verify_before = policy.round_cost(2) - policy.overhead - 2 * policy.draft_cost
+    for _ in range(300):
+        policy.observe_plain(1.2)  # the machine is now twice as slow
+    assert abs(policy.slowdown - 2.0) < 0.01 and abs(policy.round_cost(0) - 1.2) < 0.01
+    verify_now = policy.round_cost(2) - policy.overhead - 2 * policy.draft_cost
+    assert abs(verify_now / verify_before - 2.0) < 0.01
 
 
 def test_split_rounds_are_the_first_few_then_one_in_eight():
