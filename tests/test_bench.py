@@ -7,7 +7,8 @@ import json
 from mlx_spec.bench import BenchConfig, bench
 
 TINY = BenchConfig(hidden=256, layers=5, ffn=640, prompts=1, max_tokens=10, num_draft=2,
-                   sweep=(1,), temperatures=((0.0, 1.0), (1.0, 1.0)), quantized_rows=True)
+                   sweep=(1,), temperatures=((0.0, 1.0), (1.0, 1.0)), quantized_rows=True,
+                   long_context=(200,), parity_pairs=1)
 
 
 def test_bench_runs_and_greedy_rows_agree(tmp_path):
@@ -23,6 +24,11 @@ def test_bench_runs_and_greedy_rows_agree(tmp_path):
                 "speedup_vs_target", "tokens_per_pass", "acceptance_rate"} <= set(r)
         assert r["tok_s"] > 0
     assert "| row |" in (tmp_path / "BENCH.md").read_text()
+    assert {"200-token prompt target-only T=0", "200-token prompt ours mtp auto T=0"} <= names
+    assert set(saved["parity"]) == {"target-only ÷ mlx-lm generate_step T=0",
+                                    "target-only ÷ mlx-lm generate_step T=1",
+                                    "demo q8 mtp auto ÷ demo q8 target-only T=0"}
+    assert all(len(p["pairs"]) >= 1 and p["median"] > 0 for p in saved["parity"].values())
     hybrid = saved["hybrid"]  # the hybrid group: rows, both rollback strategies, parity
     assert {"hybrid target-only T=0", "hybrid ours draft (twin) k=2 T=0",
             "hybrid ours mtp k=2 T=0", "hybrid ours mtp k=2 T=0 (capture)"} <= names
