@@ -16,9 +16,10 @@ deeper α_i toward the estimate of the position before it, so an untried positio
 its neighbour is (a good drafter's deep positions look good until measured otherwise). While
 speculation is off, a probe round keeps α_1 and d measured (every `probe_every` rounds at
 first, then ever less often while speculation stays off); while on,
-every `explore_every` rounds one draft more than the best is tried, so positions beyond the
-current choice get measured too. A drafter's catch-up over a new prompt is not charged as
-per-token drafting cost (rounds that fed it more than k_max + 1 tokens are left out of d).
+every `explore_every` rounds (every other one in the first 16) one draft more than the best is
+tried, so positions beyond the current choice get measured too. A drafter's catch-up over a
+new prompt is not charged as per-token drafting cost (rounds that fed it more than k_max + 1
+tokens are left out of d). A k the rounds have timed costs its own measured round time.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class AdaptiveDraftLength:
         self.prior, self.prior_weight = prior, prior_weight
         self.draft_cost = draft_cost if draft_cost is not None else 0.1 * self.costs[0]
         self.overhead = 0.0  # o: seconds per round outside drafting and verifying
+        self.timed: list[float | None] = [None] * (self.k_max + 1)  # measured T(k) at r = 1
         # p: plain decoding's calibrated seconds per token; pipelined, it cannot cost more than
         # a synced one-token pass, so a timing disturbed upward is capped at c(1)
         self.plain_cost = min(plain_cost or self.costs[0], self.costs[0])
@@ -139,11 +141,23 @@ class AdaptiveDraftLength:
             out.append(total)
         return out
 
+    def model_cost(self, k: int) -> float:
+        """T(k) from the fitted terms (k >= 1)."""
+        return max(self.overhead + k * self.draft_cost + self.slowdown * self.costs[k], 1e-6)
+
     def round_cost(self, k: int) -> float:
+        """T(k): plain decoding's r·p for k = 0; a k the rounds have timed, its own measured
+        time (at r = 1) times r; any other k the model, scaled by how far the model was off
+        at the nearest timed k — the calibrated line's slope need not match the loop's."""
         if k == 0:
             return self.slowdown * self.plain_cost
-        return max(self.overhead + k * self.draft_cost + self.slowdown * self.costs[k],
-                   1e-6)
+        if self.timed[k] is not None:
+            return self.slowdown * self.timed[k]
+        near = min((j for j in range(1, self.k_max + 1) if self.timed[j] is not None),
+                   key=lambda j: abs(j - k), default=None)
+        if near is None:
+            return self.model_cost(k)
+        return self.model_cost(k) * self.slowdown * self.timed[near] / self.model_cost(near)
 
     def rate(self, k: int) -> float:
         """Expected tokens per second with k drafts."""
@@ -166,8 +180,11 @@ class AdaptiveDraftLength:
         if self.rounds_off or self.probe_gap != self.probe_every:
             self.rounds_off, self.probe_gap = 0, self.probe_every  # on again: probes reset
         self.rounds_on += 1
-        if self.rounds_on % self.explore_every == 0 and best < top:
-            return best + 1  # explore: measure the position just past the current choice
+        # explore: measure the position just past the current choice; every other round while
+        # the policy is new (its first estimates come from a handful of rounds), then rarely
+        every = 2 if self.rounds_on <= 16 else self.explore_every
+        if self.rounds_on % every == 0 and best < top:
+            return best + 1
         return best
 
     def split(self) -> bool:
@@ -192,6 +209,9 @@ class AdaptiveDraftLength:
             # o is what the model leaves unexplained (it may be < 0: overlap the sync saves)
             rest = round_seconds - k * self.draft_cost - self.slowdown * self.costs[k]
             self.overhead = 0.9 * self.overhead + 0.1 * rest
+            if k:
+                t, m = self.timed[k], round_seconds / self.slowdown
+                self.timed[k] = m if t is None else 0.8 * t + 0.2 * m
         if k == 0:
             return
         for i in range(min(k, n + 1)):  # position i was tested only if 1..i-1 were accepted
