@@ -100,7 +100,8 @@ class AdaptiveDraftLength:
     def __init__(self, verify_costs: Sequence[float], *, plain_cost: float | None = None,
                  draft_cost: float | None = None,
                  prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.98,
-                 probe_every: int = 16, explore_every: int = 8, split_every: int = 8):
+                 probe_every: int = 16, explore_every: int = 8, split_every: int = 8,
+                 plain_every: int = 32, plain_probe: int = 4):
         self.costs = tuple(verify_costs)
         self.k_max = len(self.costs) - 1
         # α_i as (accepted, seen) with exponential forgetting; priors enter in alphas()
@@ -114,9 +115,12 @@ class AdaptiveDraftLength:
         # a synced one-token pass, so a timing disturbed upward is capped at c(1)
         self.plain_cost = min(plain_cost or self.costs[0], self.costs[0])
         self.slowdown = 1.0  # r: measured verify time / calibrated c(k+1)
+        self.plain_drift = 1.0  # r0: measured plain token time / calibrated p
+        self.plain_left = 0  # tokens left of a plain probe (see choose)
         self.decay, self.probe_every, self.explore_every = decay, probe_every, explore_every
         self.rounds_off = self.rounds_on = self.rounds_drafted = 0
         self.split_every = split_every
+        self.plain_every, self.plain_probe = plain_every, plain_probe
         self.probe_gap = probe_every  # rounds between probes while off (doubles, see choose)
 
     def alphas(self) -> list[float]:
@@ -150,7 +154,7 @@ class AdaptiveDraftLength:
         time (at r = 1) times r; any other k the model, scaled by how far the model was off
         at the nearest timed k — the calibrated line's slope need not match the loop's."""
         if k == 0:
-            return self.slowdown * self.plain_cost
+            return self.plain_drift * self.plain_cost
         if self.timed[k] is not None:
             return self.slowdown * self.timed[k]
         near = min((j for j in range(1, self.k_max + 1) if self.timed[j] is not None),
@@ -179,7 +183,13 @@ class AdaptiveDraftLength:
             return 0
         if self.rounds_off or self.probe_gap != self.probe_every:
             self.rounds_off, self.probe_gap = 0, self.probe_every  # on again: probes reset
+        if self.plain_left:
+            self.plain_left -= 1
+            return 0
         self.rounds_on += 1
+        if self.rounds_on % self.plain_every == 0:
+            self.plain_left = self.plain_probe - 1  # plain probe: measure what k = 0 costs now
+            return 0
         # explore: measure the position just past the current choice; every other round while
         # the policy is new (its first estimates come from a handful of rounds), then rarely
         every = 2 if self.rounds_on <= 16 else self.explore_every
@@ -219,7 +229,8 @@ class AdaptiveDraftLength:
             self.seen[i] = self.decay * self.seen[i] + 1
 
     def observe_plain(self, seconds: float) -> None:
-        """One token of plain decoding took `seconds`: it refines r, the one drift factor that
-        scales plain decoding and verification alike, so a machine that slows down or speeds
-        up (another load, a longer context) leaves the choice between them unchanged."""
-        self.slowdown = 0.95 * self.slowdown + 0.05 * seconds / self.plain_cost
+        """One pipelined token of plain decoding took `seconds`: it refines r0, plain
+        decoding's own drift (kept apart from r: a calibration error between p and c must not
+        leak from one side into the other). While speculation is on, short plain probes keep
+        r0 current, as probe rounds keep α and d current while it is off."""
+        self.plain_drift = 0.9 * self.plain_drift + 0.1 * seconds / self.plain_cost

@@ -277,9 +277,9 @@ class Engine:
     def _plain(self, sampler: Sampler, plan: Callable[[], int], s: _Counters,
                policy: AdaptiveDraftLength | None) -> Iterator[tuple[list[int], list[Kind]]]:
         """A run of plain decoding (decode), one token per target pass, until plan() ends it."""
-        for token, seconds in self.decode(sampler, plan):
+        for i, (token, seconds) in enumerate(self.decode(sampler, plan)):
             s.add(0, 0, 0.0, seconds)
-            if policy is not None:
+            if policy is not None and i:  # the run's first step overlaps nothing: not its rate
                 policy.observe_plain(seconds)
             yield [token], [Kind.TARGET]
 
