@@ -7,9 +7,12 @@ drafter's cost per drafted token, c(q) the target's cost to verify q tokens as c
 and r how much slower verification has become since (it grows with the context). All three of
 o, d and r are fitted online from the rounds themselves: d and r from the rounds the engine
 times in parts (every few; the others run draft and verify as one device graph with one host
-sync, and only refine o, the residual). T(0), plain decoding pipelined as mlx-lm does, is
-measured directly. We pick argmax_k E(k)/T(k), with k = 0 (E = 1) whenever speculation cannot
-pay — e.g. a quantized target on a CPU, where c(q) grows linearly in q.
+sync, and only refine o, the residual). A k the rounds have timed costs its own measured round
+time (times r), and the model is scaled to it at the k next to it. T(0) = r0·p: p plain
+decoding's cost (pipelined as mlx-lm does) calibrated beside c(q), r0 its own drift, refined by
+plain tokens and, while speculation is on, by short plain probes. We pick argmax_k E(k)/T(k),
+with k = 0 (E = 1) whenever speculation cannot pay — e.g. a quantized target on a CPU, where
+c(q) grows linearly in q.
 
 What it has not tried it estimates, rather than assuming: α_1 is shrunk toward a prior, and each
 deeper α_i toward the estimate of the position before it, so an untried position starts where
@@ -19,7 +22,7 @@ first, then ever less often while speculation stays off); while on,
 every `explore_every` rounds (every other one in the first 16) one draft more than the best is
 tried, so positions beyond the current choice get measured too. A drafter's catch-up over a
 new prompt is not charged as per-token drafting cost (rounds that fed it more than k_max + 1
-tokens are left out of d). A k the rounds have timed costs its own measured round time.
+tokens are left out of d).
 """
 
 from __future__ import annotations
