@@ -386,12 +386,17 @@ def _f(value: float | None, spec: str, prefix: str = "") -> str:
 
 
 def auto_vs_best_fixed(rows: list[Row]) -> list[dict[str, Any]]:
-    """Each auto row ÷ the fastest fixed-k row of the same drafter, target and temperature."""
+    """Each auto row ÷ the fastest fixed-k row of the same drafter, target, temperature and
+    prompts (a long-prompt row against its own prompt's rows)."""
+    def prompts(r: Row) -> str:
+        return r.name.split("-token prompt")[0] if "-token prompt" in r.name else ""
+
     out = []
     for auto in (r for r in rows if r.num_draft == "auto" and r.engine == "mlx-spec"):
         fixed = [r for r in rows if r.engine == "mlx-spec" and r.drafter == auto.drafter
                  and r.target == auto.target and r.temperature == auto.temperature
-                 and r.top_p == auto.top_p and isinstance(r.num_draft, int)]
+                 and r.top_p == auto.top_p and isinstance(r.num_draft, int)
+                 and prompts(r) == prompts(auto)]
         if fixed:
             best = max(fixed, key=lambda r: r.tok_s)
             out.append({"auto": auto.name, "best": best.name, "ratio": auto.tok_s / best.tok_s})
@@ -428,7 +433,7 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     lines = [
         "# Benchmark",
         "",
-        "Reproduce: `uv run mlx-spec bench` (full, ~10 min) or `uv run mlx-spec bench --quick`.",
+        "Reproduce: `uv run mlx-spec bench` (full, ~50 min on this 2-core machine) or `uv run mlx-spec bench --quick`.",
         f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on {m['device']}, "
         f"mlx-lm {m['mlx_lm']}, OpenBLAS preloaded: {m['openblas_preloaded']}.",
         f"Target: the demo target widened to {result['target']['params'] / 1e6:.0f}M params "

@@ -86,12 +86,14 @@ def prompts_from_corpus(tokenizer: Any, n: int, length: int = 48) -> list[list[i
 
 
 def long_prompt(tokenizer: Any, length: int) -> list[int]:
-    """`length` tokens of held-out stdlib source, files joined in order (long-context rows)."""
+    """`length` tokens of held-out stdlib source, files joined in order (long-context rows),
+    encoded 40 lines at a time (a whole file can exceed the tokenizer's stated maximum, and
+    transformers warns about it)."""
     ids: list[int] = []
     for path in stdlib_files():
-        text = read_text(path) if is_held_out(path) else None
-        if text:
-            ids += tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) >= length:
-            return ids[:length]
+        lines = (read_text(path) or "").splitlines(keepends=True) if is_held_out(path) else []
+        for i in range(0, len(lines), 40):
+            ids += tokenizer.encode("".join(lines[i : i + 40]), add_special_tokens=False)
+            if len(ids) >= length:
+                return ids[:length]
     raise ValueError(f"the held-out corpus has fewer than {length} tokens")
