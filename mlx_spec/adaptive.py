@@ -63,8 +63,8 @@ def measure_plain_cost(target: TargetModel, *, context: int = 96, steps: int = 8
                        repeats: int = 3) -> float:
     """Seconds per token of plain decoding pipelined as the engine runs it (each step built on
     the previous step's still-lazy token before the host reads that), after `context` tokens:
-    the fastest of `repeats` runs of `steps` steps. Measured beside c(q), so both share the
-    machine's state; drift after that is one factor r for both (see AdaptiveDraftLength)."""
+    the fastest of `repeats` runs of `steps` steps. Measured beside c(q), so both see the
+    machine in the same state; each then has its own drift factor (see AdaptiveDraftLength)."""
     cache = kv.make_cache(target.model, slack=steps + 2)
     prompt = [(i * 31) % max(2, target.vocab_size - 3) + 3 for i in range(context)]
     logits, _ = target.forward(prompt, cache)
@@ -153,7 +153,7 @@ class AdaptiveDraftLength:
         return max(self.overhead + k * self.draft_cost + self.slowdown * self.costs[k], 1e-6)
 
     def round_cost(self, k: int) -> float:
-        """T(k): plain decoding's r·p for k = 0; a k the rounds have timed, its own measured
+        """T(k): plain decoding's r0·p for k = 0; a k the rounds have timed, its own measured
         time (at r = 1) times r; any other k the model, scaled by how far the model was off
         at the nearest timed k — the calibrated line's slope need not match the loop's."""
         if k == 0:

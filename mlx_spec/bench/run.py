@@ -433,7 +433,8 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     lines = [
         "# Benchmark",
         "",
-        "Reproduce: `uv run mlx-spec bench` (full, ~50 min on this 2-core machine) or `uv run mlx-spec bench --quick`.",
+        "Reproduce: `uv run mlx-spec bench` (full, ~50 min on this 2-core machine) or "
+        "`uv run mlx-spec bench --quick`.",
         f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on {m['device']}, "
         f"mlx-lm {m['mlx_lm']}, OpenBLAS preloaded: {m['openblas_preloaded']}.",
         f"Target: the demo target widened to {result['target']['params'] / 1e6:.0f}M params "
