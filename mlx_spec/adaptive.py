@@ -36,16 +36,22 @@ from . import cache as kv
 from .model import TargetModel
 
 
+def _scratch(target: TargetModel, context: int, *, slack: int):
+    """A scratch cache holding a fixed `context`-token prompt: (cache, prompt, its logits)."""
+    cache = kv.make_cache(target.model, slack=slack)
+    prompt = [(i * 31) % max(2, target.vocab_size - 3) + 3 for i in range(context)]
+    logits, _ = target.forward(prompt, cache)
+    mx.eval(logits)
+    return cache, prompt, logits
+
+
 def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
                          repeats: int = 5, smooth: bool = True) -> tuple[float, ...]:
     """Seconds for one target forward over q = 1..k_max+1 tokens after `context` tokens, on a
     scratch cache: the fastest of `repeats` (other load only ever adds time), then smoothed by a
     least-squares line c(q) = a + b·(q − 1), so one disturbed timing cannot flip the choice
     (smooth=False: the fastest timings themselves, for the benchmark's efficiency)."""
-    cache = kv.make_cache(target.model, slack=k_max + 2)
-    prompt = [(i * 31) % max(2, target.vocab_size - 3) + 3 for i in range(context)]
-    logits, _ = target.forward(prompt, cache)
-    mx.eval(logits)
+    cache, prompt, _ = _scratch(target, context, slack=k_max + 2)
     costs = []
     for q in range(1, k_max + 2):
         times = []
@@ -65,9 +71,7 @@ def measure_plain_cost(target: TargetModel, *, context: int = 96, steps: int = 8
     the previous step's still-lazy token before the host reads that), after `context` tokens:
     the fastest of `repeats` runs of `steps` steps. Measured beside c(q), so both see the
     machine in the same state; each then has its own drift factor (see AdaptiveDraftLength)."""
-    cache = kv.make_cache(target.model, slack=steps + 2)
-    prompt = [(i * 31) % max(2, target.vocab_size - 3) + 3 for i in range(context)]
-    logits, _ = target.forward(prompt, cache)
+    cache, _, logits = _scratch(target, context, slack=steps + 2)
     first = mx.argmax(logits[-1])
     mx.eval(first)
     times = []
