@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch-size", type=_positive_int, default=8)
     t.add_argument("--seq-len", type=_positive_int, default=192)
+    t.add_argument("--lr", type=_positive_float, default=2e-3,
+                   help="peak learning rate (default 2e-3, see docs/TRAIN.md)")
 
     add_hub_commands(sub)
 

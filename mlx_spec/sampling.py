@@ -86,16 +86,22 @@ def penalize(
 CANDIDATES = 1024  # top-p looks among this many most likely tokens first (exact fall-back)
 
 
+def tempered(logits: mx.array, cfg: SamplingConfig) -> mx.array:
+    """(Already penalized) logits [n, V] scaled by 1/T, off the top k masked to -inf: their
+    softmax is the sampled distribution whenever neither top-p nor min-p is on."""
+    logits = logits.astype(mx.float32) / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = mx.topk(logits, cfg.top_k, axis=-1).min(axis=-1, keepdims=True)
+        logits = mx.where(logits < kth, -mx.inf, logits)
+    return logits
+
+
 def probabilities(logits: mx.array, cfg: SamplingConfig) -> mx.array:
     """Turn (already penalized) logits [n, V] into the distributions actually sampled from.
 
     No full sort of a row at real vocabulary sizes (151,936 for Qwen, 262,144 for Gemma): top-k
     is a partial selection; top-p sorts only the candidates that can hold the nucleus."""
-    logits = logits.astype(mx.float32) / cfg.temperature
-    if cfg.top_k and cfg.top_k < logits.shape[-1]:
-        kth = mx.topk(logits, cfg.top_k, axis=-1).min(axis=-1, keepdims=True)
-        logits = mx.where(logits < kth, -mx.inf, logits)
-    probs = mx.softmax(logits, axis=-1)
+    probs = mx.softmax(tempered(logits, cfg), axis=-1)
     if cfg.top_p < 1.0:
         probs = mx.where(probs >= nucleus_floor(probs, cfg), probs, 0.0)
     if cfg.min_p > 0.0:
@@ -238,6 +244,12 @@ class Sampler:
         logits = penalize(logits, history, [], self.cfg)
         if self.cfg.greedy:
             return mx.argmax(logits[0], axis=-1).astype(mx.int32)
+        if self.cfg.top_p == 1.0 and self.cfg.min_p == 0.0:
+            # no drafts to weigh, so no probabilities needed: the Gumbel-max draw of
+            # categorical() on the tempered logits is a draw from their softmax, and skips the
+            # vocabulary-wide softmax, renormalisation and log of probabilities()
+            choice = mx.random.categorical(tempered(logits, self.cfg)[0], key=self.next_key())
+            return choice.astype(mx.int32)
         return categorical(probabilities(logits, self.cfg)[0], self.next_key()).astype(mx.int32)
 
     def verify(self, target_logits: mx.array, history: list[int], drafts: mx.array | list[int],

@@ -198,3 +198,20 @@ def test_processing_at_a_real_vocabulary_size_equals_a_full_sort():
             assert (np.where(flipped, np.maximum(ours, want), 0).sum(axis=-1) < 1e-4).all()
             assert flipped.sum() == 0 or scale < 1
             np.testing.assert_allclose(ours, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_plain_decoding_samples_the_processed_distribution(top_k):
+    """next_token draws from the tempered (top-k masked) logits directly, without building
+    probabilities: its tokens must still follow probabilities() — and never leave the top k."""
+    rng = np.random.default_rng(7)
+    logits = mx.array(rng.normal(size=(1, V)) * 2, mx.float32)
+    cfg = SamplingConfig(temperature=0.8, top_k=top_k, seed=11)
+    sampler = Sampler(cfg)
+    draws = np.array([sampler.next_token(logits, []).item() for _ in range(6000)])
+    probs = np.array(probabilities(logits, cfg)[0], dtype=np.float64)
+    probs /= probs.sum()
+    assert set(np.unique(draws)) <= set(np.flatnonzero(probs > 0))
+    live = probs > 0
+    counts = np.bincount(draws, minlength=V)[live]
+    assert chisquare(counts, probs[live] * len(draws)).pvalue > 0.01

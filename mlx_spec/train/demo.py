@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--target-steps", type=int, default=1300)
     ap.add_argument("--mtp-steps", type=int, default=1200)
     ap.add_argument("--draft-steps", type=int, default=800)
+    ap.add_argument("--target-lr", type=float, default=3e-3)
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="continue the target from this model directory's weights")
     ap.add_argument("--out", type=Path, default=Path("assets/models"))
     args = ap.parse_args(argv)
     tok_dir = build_tokenizer(args.work)
@@ -77,9 +80,11 @@ def main(argv: list[str] | None = None) -> None:
         from .modeldir import save_model_dir
         from .target import TrainConfig, train_lm
 
-        cfg = TrainConfig(steps=args.target_steps, batch_size=16, seq_len=256, lr=3e-3)
+        warmup = 100 if args.init_from is None else 30
+        cfg = TrainConfig(steps=args.target_steps, batch_size=16, seq_len=256,
+                          lr=args.target_lr, warmup=warmup, seed=1 if args.init_from else 0)
         model = train_lm(TARGET_CONFIG, train, held, cfg, args.work / "target-train",
-                         log=lambda s: print(s, flush=True))
+                         log=lambda s: print(s, flush=True), init=args.init_from)
         save_model_dir(args.work / "target", model, TARGET_CONFIG, tokenizer_dir=tok_dir)
     if args.stage in ("drafters", "all"):
         build_drafters(args, tok_dir, train)

@@ -297,7 +297,7 @@ def cmd_train_drafter(args) -> int:
     budget = args.minutes * 60 if args.minutes is not None else None
     target, tokenizer = load_target(args.target)
     dc = DistillConfig(steps=args.steps or 2000, minutes=args.minutes, seed=args.seed,
-                       batch_size=args.batch_size, seq_len=args.seq_len)
+                       batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.data:
         ids = _encode(tokenizer, read_text_data(Path(args.data)))

@@ -56,13 +56,20 @@ def evaluate(model: nn.Module, tokens: np.ndarray, seq_len: int, max_windows: in
 
 def train_lm(
     config: dict, train_tokens: np.ndarray, heldout_tokens: np.ndarray, cfg: TrainConfig,
-    workdir: Path, *, log=print,
+    workdir: Path, *, log=print, init: Path | None = None,
 ) -> nn.Module:
+    """Train from random weights, or from the weights of the model directory `init` (a longer
+    schedule on top of an earlier run); a checkpoint in `workdir` takes precedence over both."""
     workdir.mkdir(parents=True, exist_ok=True)
     model = build_model(config, seed=cfg.seed)
     ckpt = workdir / "checkpoint.safetensors"
     if ckpt.exists():
         log("resuming from the checkpoint in " + str(workdir))
+    elif init is not None:
+        weights = mx.load(str(init / "model.safetensors"))
+        model.load_weights([(k, v.astype(mx.float32)) for k, v in weights.items()])
+        log(f"starting from {init}: held-out loss "
+            f"{evaluate(model, heldout_tokens, cfg.seq_len):.3f}")
     tokens_per_step = cfg.batch_size * cfg.seq_len
 
     def progress(step: int, total: int, loss: float, rate: float) -> None:
