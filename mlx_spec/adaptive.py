@@ -10,7 +10,8 @@ times in parts (every few; the others run draft and verify as one device graph w
 sync, and only refine o, the residual). A k the rounds have timed costs its own measured round
 time (times r), and the model is scaled to it at the k next to it. T(0) = r0·p: p plain
 decoding's cost (pipelined as mlx-lm does) calibrated beside c(q), r0 its own drift, refined by
-plain tokens and, while speculation is on, by short plain probes. We pick argmax_k E(k)/T(k),
+plain tokens and, while speculation is on, by short plain probes (rarer while it leads by far).
+We pick argmax_k E(k)/T(k),
 with k = 0 (E = 1) whenever speculation cannot pay — e.g. a quantized target on a CPU, where
 c(q) grows linearly in q.
 
@@ -128,6 +129,7 @@ class AdaptiveDraftLength:
         self.rounds_off = self.rounds_on = self.rounds_drafted = 0
         self.split_every = split_every
         self.plain_every, self.plain_probe = plain_every, plain_probe
+        self.plain_gap, self.since_plain = plain_every, 0  # rounds between plain probes
         self.probe_gap = probe_every  # rounds between probes while off (doubles, see choose)
 
     def alphas(self) -> list[float]:
@@ -190,12 +192,21 @@ class AdaptiveDraftLength:
             return 0
         if self.rounds_off or self.probe_gap != self.probe_every:
             self.rounds_off, self.probe_gap = 0, self.probe_every  # on again: probes reset
+            self.plain_gap = self.plain_every
         if self.plain_left:
             self.plain_left -= 1
             return 0
         self.rounds_on += 1
-        if self.rounds_on % self.plain_every == 0:
-            self.plain_left = self.plain_probe - 1  # plain probe: measure what k = 0 costs now
+        self.since_plain += 1
+        if self.since_plain >= self.plain_gap:
+            # plain probe: measure what k = 0 costs now. Its tokens come at plain decoding's
+            # rate, so while speculation leads by far (> 1.5×), where a drift in r0 cannot
+            # flip the choice, each probe doubles the wait for the next (up to 8×)
+            lead = expected[best] / self.round_cost(best) * self.round_cost(0)
+            self.plain_gap = (min(2 * self.plain_gap, 8 * self.plain_every) if lead > 1.5
+                              else self.plain_every)
+            self.since_plain = 0
+            self.plain_left = self.plain_probe - 1
             return 0
         # explore: measure the position just past the current choice; every other round while
         # the policy is new (its first estimates come from a handful of rounds), then rarely

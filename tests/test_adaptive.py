@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers import PROMPT, assert_same_or_near_tie, run
 
 from mlx_spec.adaptive import AdaptiveDraftLength, measure_verify_costs
@@ -153,6 +154,24 @@ def test_plain_probes_keep_the_cost_of_k0_current_while_speculation_is_on():
     runs = "".join("0" if k == 0 else "k" for k in ks).split("k")
     zeros = [len(r) for r in runs if r]
     assert zeros and set(zeros) == {policy.plain_probe} and len(zeros) <= 200 // 32 + 1
+
+
+@pytest.mark.parametrize(("draft_cost", "spaced"), [(0.01, True), (0.5, False)])
+def test_plain_probes_space_out_only_while_speculation_leads_by_far(draft_cost, spaced):
+    """Every draft is accepted; verifying q tokens costs 1 + 0.3(q − 1). Cheap drafts: speculation
+    leads plain decoding ×2.6, so probes (tokens at the plain rate) space out to 8× the base gap.
+    Dear drafts: a lead of ×1.2, which a drift in plain decoding's cost could flip, keeps them
+    every 32 rounds."""
+    policy = AdaptiveDraftLength([1.0 + 0.3 * q for q in range(9)], draft_cost=draft_cost)
+    ks = []
+    for _ in range(1500):
+        k = policy.choose()
+        ks.append(k)
+        policy.observe(k, k, draft_seconds=draft_cost * k)
+    starts = [i for i in range(1, len(ks)) if ks[i] == 0 and ks[i - 1] != 0]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert len(gaps) >= 3 and min(gaps) >= policy.plain_every
+    assert (max(gaps) >= 8 * policy.plain_every) == spaced
 
 
 def test_timed_rounds_correct_a_calibration_whose_slope_is_off():
