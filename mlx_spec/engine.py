@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 
@@ -212,7 +212,7 @@ class Engine:
         anything else the end of the run. A step already built past the end (the turn
         stopped) is cut back, so the caches hold the committed sequence again."""
         pipelined = not sampler.uses_history  # the penalty reads the history as host ints
-        y, h = self._decode_step(mx.array(self.tokens[-1:], dtype=mx.int32), sampler)
+        step = self._decode_step(mx.array(self.tokens[-1:], dtype=mx.int32), sampler)
         t = time.perf_counter()
         try:
             while True:
@@ -220,9 +220,11 @@ class Engine:
                 ahead = None
                 if more and pipelined:
                     kv.trim_to(self.cache, self.cached, have=self.cached)  # seal: this step stays
-                    ahead = self._decode_step(y, sampler)
-                token = int(y.item())
-                self.commit([token], len(self.tokens), h, ahead=ahead is not None)
+                    ahead = self._decode_step(step.token, sampler)
+                token, stands = self._read(step, sampler)
+                if not stands:  # built on a discarded draw: commit cuts it back
+                    ahead = None
+                self.commit([token], len(self.tokens), step.hidden, ahead=ahead is not None)
                 now = time.perf_counter()
                 yield token, now - t
                 if not more:
@@ -230,7 +232,7 @@ class Engine:
                 t = time.perf_counter()
                 if ahead is None:
                     ahead = self._decode_step(mx.array([token], dtype=mx.int32), sampler)
-                y, h = ahead
+                step = ahead
         finally:
             committed = len(self.tokens) - 1
             if self.cached > committed and kv.can_trim_to(self.cache, committed,
@@ -240,14 +242,26 @@ class Engine:
             # else (a recurrent model without rollback) the cache holds one token more than
             # the invariant says; `cached` counts it, and the next prefill reuses or resets
 
-    def _decode_step(self, x: mx.array, sampler: Sampler) -> tuple[mx.array, mx.array | None]:
+    def _decode_step(self, x: mx.array, sampler: Sampler) -> _Step:
         """One target step on token x (lazy or not): the next token, lazy, started on the
-        device; and the step's hidden row for a hidden-state drafter."""
+        device; the step's hidden row for a hidden-state drafter; the sampler's check."""
         logits, h = self.target.forward(x, self.cache, hidden=self._want_hidden)
         self.cached += 1
-        y = sampler.next_token(logits[-1:], self.tokens)
-        mx.async_eval([y] + ([h] if h is not None else []))
-        return y, h
+        y, exact = sampler.next_token(logits[-1:], self.tokens)
+        mx.async_eval([a for a in (y, h, exact) if a is not None])
+        return _Step(y, h, exact, logits[-1:], list(self.tokens) if sampler.uses_history else [])
+
+    @staticmethod
+    def _read(step: _Step, sampler: Sampler) -> tuple[int, bool]:
+        """The host reads a step's token (one sync, its check included): (token, whether it is
+        the token the next step was built on). A token whose top-p candidates fell short is
+        redrawn from the exact p; commit then cuts back a step built on the first draw."""
+        if step.exact is None:
+            return int(step.token.item()), True
+        token, exact = mx.stack([step.token, step.exact.astype(mx.int32)]).tolist()
+        if exact:
+            return token, True
+        return sampler.redraw(step.logits, step.history), False
 
     def _round(self, k: int, sampler: Sampler, s: _Counters, policy: AdaptiveDraftLength | None,
                keep: Callable[[list[int]], int]) -> Iterator[tuple[list[int], list[Kind]]]:
@@ -397,6 +411,17 @@ class Engine:
             finish_reason=finish,
         )
         yield TurnEnd(stats, finish, tuple(generated))
+
+
+class _Step(NamedTuple):
+    """A plain decoding step on the device: its token (lazy), hidden row, the sampler's lazy
+    top-p check (None: nothing to check), and what a redraw would need."""
+
+    token: mx.array
+    hidden: mx.array | None
+    exact: mx.array | None
+    logits: mx.array
+    history: list[int]
 
 
 class _Counters:

@@ -96,33 +96,48 @@ def tempered(logits: mx.array, cfg: SamplingConfig) -> mx.array:
     return logits
 
 
-def probabilities(logits: mx.array, cfg: SamplingConfig) -> mx.array:
-    """Turn (already penalized) logits [n, V] into the distributions actually sampled from.
-
-    No full sort of a row at real vocabulary sizes (151,936 for Qwen, 262,144 for Gemma): top-k
-    is a partial selection; top-p sorts only the candidates that can hold the nucleus."""
+def processed(logits: mx.array, cfg: SamplingConfig, *, full: bool = False
+              ) -> tuple[mx.array, mx.array | None]:
+    """Turn (already penalized) logits [n, V] into the distributions sampled from, without a
+    host sync: (probs, exact). No full sort of a row at real vocabulary sizes (151,936 for
+    Qwen, 262,144 for Gemma): top-k is a partial selection; top-p looks for the nucleus among
+    CANDIDATES most likely tokens when more could be in it (see nucleus_floor). exact is None
+    when probs is exact by construction, else a lazy flag, false when some row's candidates
+    held less than top_p of its mass: that row's nucleus was cut short at them. full: always
+    exact (a full sort where needed)."""
     probs = mx.softmax(tempered(logits, cfg), axis=-1)
+    exact = None
     if cfg.top_p < 1.0:
-        probs = mx.where(probs >= nucleus_floor(probs, cfg), probs, 0.0)
+        floor, exact = nucleus_floor(probs, cfg, probs.shape[-1] if full else CANDIDATES)
+        probs = mx.where(probs >= floor, probs, 0.0)
     if cfg.min_p > 0.0:
         probs = mx.where(probs < cfg.min_p * probs.max(axis=-1, keepdims=True), 0.0, probs)
-    return probs / probs.sum(axis=-1, keepdims=True)
+    return probs / probs.sum(axis=-1, keepdims=True), exact
 
 
-def nucleus_floor(probs: mx.array, cfg: SamplingConfig) -> mx.array:
+def probabilities(logits: mx.array, cfg: SamplingConfig) -> mx.array:
+    """processed(), always exact: where a candidate set was used, one host sync checks it, and
+    a row it did not cover is redone by a full sort."""
+    probs, exact = processed(logits, cfg)
+    if exact is not None and not bool(exact):
+        return processed(logits, cfg, full=True)[0]
+    return probs
+
+
+def nucleus_floor(probs: mx.array, cfg: SamplingConfig, candidates: int = CANDIDATES
+                  ) -> tuple[mx.array, mx.array | None]:
     """The smallest probability in each row's nucleus [n, 1]: sorted by probability, a token is
     in while the mass strictly above it is < top_p (so the top token always is); ties with the
     last one are in too. Only the most likely tokens can be in it, so only they are sorted: the
-    top_k survivors when top-k is on (the rest have no mass), else the CANDIDATES most likely,
-    which suffice exactly when they hold top_p of the mass (else the whole row is sorted)."""
+    top_k survivors when top-k is on (the rest have no mass), else the `candidates` most likely,
+    which suffice exactly when they hold top_p of the mass. Returns (floor, exact): exact a lazy
+    flag for that condition over all rows, None where no candidate set was needed."""
     vocab = probs.shape[-1]
     width = cfg.top_k if cfg.top_k and cfg.top_k < vocab else vocab
-    if width > CANDIDATES:
-        top = mx.topk(probs, CANDIDATES, axis=-1)
-        if bool((top.sum(axis=-1) >= cfg.top_p).all()):  # one sync, top-p without top-k only
-            return _floor(top, cfg.top_p)
-        return _floor(probs, cfg.top_p)
-    return _floor(mx.topk(probs, width, axis=-1) if width < vocab else probs, cfg.top_p)
+    if width > candidates:
+        top = mx.topk(probs, candidates, axis=-1)
+        return _floor(top, cfg.top_p), (top.sum(axis=-1) >= cfg.top_p).all()
+    return _floor(mx.topk(probs, width, axis=-1) if width < vocab else probs, cfg.top_p), None
 
 
 def _floor(candidates: mx.array, top_p: float) -> mx.array:
@@ -154,10 +169,16 @@ def _as_ids(drafts: mx.array | list[int]) -> mx.array:
     return drafts if isinstance(drafts, mx.array) else mx.array(drafts, dtype=mx.int32)
 
 
-def _resolve(n: mx.array, token: mx.array, drafts: mx.array) -> Verdict:
-    """The round's one host sync: n, the token and the (possibly still lazy) drafts together."""
-    out = mx.concatenate([n.reshape(1), token.reshape(1), drafts.reshape(-1)]
-                         ).astype(mx.int32).tolist()
+def _resolve(n: mx.array, token: mx.array, drafts: mx.array,
+             exact: mx.array | None = None) -> Verdict | None:
+    """The round's one host sync: n, the token and the (possibly still lazy) drafts together,
+    with the candidate check of p (processed) where there is one: None if it failed."""
+    parts = [n.reshape(1), token.reshape(1), drafts.reshape(-1)]
+    if exact is not None:
+        parts.insert(0, exact.reshape(1))
+    out = mx.concatenate([a.astype(mx.int32) for a in parts]).tolist()
+    if exact is not None and not out.pop(0):
+        return None
     return Verdict(out[0], out[1], tuple(out[2 : 2 + out[0]]))
 
 
@@ -224,11 +245,17 @@ class Sampler:
         return probabilities(penalize(logits, history, rows, self.cfg), self.cfg)
 
     def draft_token(self, logits: mx.array, history: list[int]) -> tuple[mx.array, mx.array | None]:
-        """A drafter's choice from its last logits [V]: (token, q) — q is None when greedy."""
+        """A drafter's choice from its last logits [V]: (token, q) — q is None when greedy.
+
+        q is processed() without its candidate check, so drafting never waits for the host: in
+        a row whose CANDIDATES most likely tokens hold less than top_p of the mass, q's nucleus
+        is cut at them. The draft is drawn from that q and reports it, so acceptance weighs
+        it by its real probabilities, and the output distribution is the target's all the same
+        (the rule is exact for any q; p, below, is always exact)."""
         logits = penalize(logits[None], history, [], self.cfg)
         if self.cfg.greedy:
             return mx.argmax(logits[0], axis=-1), None
-        q = probabilities(logits, self.cfg)[0]
+        q = processed(logits, self.cfg)[0][0]
         return categorical(q, self.next_key()), q
 
     def sample_rows(self, logits: mx.array) -> mx.array:
@@ -238,34 +265,51 @@ class Sampler:
             return mx.argmax(logits, axis=-1)
         return categorical(probabilities(logits, self.cfg), self.next_key())
 
-    def next_token(self, logits: mx.array, history: list[int]) -> mx.array:
+    def next_token(self, logits: mx.array, history: list[int]) -> tuple[mx.array, mx.array | None]:
         """The target's own token from its logits [1, V] after history (plain decoding), lazy:
-        the caller may build the next step on it before the host reads it."""
+        the caller may build the next step on it before the host reads it. Returns (token,
+        exact): exact None, or a lazy flag to read with the token — false, and the token must
+        be redrawn by redraw(), where top-p's candidates did not cover the row."""
         logits = penalize(logits, history, [], self.cfg)
         if self.cfg.greedy:
-            return mx.argmax(logits[0], axis=-1).astype(mx.int32)
+            return mx.argmax(logits[0], axis=-1).astype(mx.int32), None
         if self.cfg.top_p == 1.0 and self.cfg.min_p == 0.0:
             # no drafts to weigh, so no probabilities needed: the Gumbel-max draw of
             # categorical() on the tempered logits is a draw from their softmax, and skips the
-            # vocabulary-wide softmax, renormalisation and log of probabilities()
+            # vocabulary-wide softmax, renormalisation and log of processed()
             choice = mx.random.categorical(tempered(logits, self.cfg)[0], key=self.next_key())
-            return choice.astype(mx.int32)
-        return categorical(probabilities(logits, self.cfg)[0], self.next_key()).astype(mx.int32)
+            return choice.astype(mx.int32), None
+        probs, exact = processed(logits, self.cfg)
+        return categorical(probs[0], self.next_key()).astype(mx.int32), exact
+
+    def redraw(self, logits: mx.array, history: list[int]) -> int:
+        """next_token's token again, from the exact distribution (its candidate check failed:
+        the first draw is discarded whatever it was, so this one is an exact draw)."""
+        probs = processed(penalize(logits, history, [], self.cfg), self.cfg, full=True)[0]
+        return int(categorical(probs[0], self.next_key()).item())
 
     def verify(self, target_logits: mx.array, history: list[int], drafts: mx.array | list[int],
                q: mx.array | None) -> Verdict:
         """Decide a round: target_logits [k+1, V] for the positions after history, drafts[:i].
-        drafts may still be lazy: the decision, drafts included, reaches the host in one sync."""
+        drafts may still be lazy: the decision, drafts included, reaches the host in one sync
+        (two in the rare round whose p needed the exact fall-back: decided again on it; the
+        first decision is discarded whatever it was, so the second is an exact one)."""
         drafts = _as_ids(drafts)
         rows = drafts.tolist() if self.uses_history else []  # already evaluated (draft_chain)
         logits = penalize(target_logits, history, rows, self.cfg)
         if self.cfg.greedy:
             return verify_greedy(logits, drafts)
-        p = probabilities(logits, self.cfg)
-        if drafts.shape[0] == 0:
-            return _resolve(mx.array(0), categorical(p[0], self.next_key()), drafts)
-        n, token = rejection_sample(p, q, drafts, self.next_key())
-        return _resolve(n, token, drafts)
+
+        def decide(p: mx.array) -> tuple[mx.array, mx.array]:
+            if drafts.shape[0] == 0:
+                return mx.array(0), categorical(p[0], self.next_key())
+            return rejection_sample(p, q, drafts, self.next_key())
+
+        p, exact = processed(logits, self.cfg)
+        verdict = _resolve(*decide(p), drafts, exact)
+        if verdict is None:
+            verdict = _resolve(*decide(processed(logits, self.cfg, full=True)[0]), drafts)
+        return verdict
 
 
 def _fresh_seed() -> int:

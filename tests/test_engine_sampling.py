@@ -118,3 +118,31 @@ def test_same_seed_same_output(load):
             for _ in range(2)]
     assert runs[0] == runs[1]
     assert list(itertools.islice(runs[0], 12))
+
+
+def redraws_counted(monkeypatch):
+    """Four top-p candidates (a random model's rows are near flat, so no row's nucleus fits
+    among them); returns the list that Sampler.redraw appends to."""
+    from mlx_spec import sampling
+
+    monkeypatch.setattr(sampling, "CANDIDATES", 4)
+    calls, redraw = [], sampling.Sampler.redraw
+    monkeypatch.setattr(sampling.Sampler, "redraw",
+                        lambda self, *a: calls.append(1) or redraw(self, *a))
+    return calls
+
+
+def test_top_p_fall_back_keeps_every_cache_equal_to_a_recompute(load, monkeypatch):
+    """Every plain token is redrawn from the exact p and the step built ahead on its first draw
+    cut back; every round is decided again. The caches equal a recompute after every commit."""
+    from helpers import checked, run
+
+    redraws = redraws_counted(monkeypatch)
+    target, tok = load("llama")
+    cfg = SamplingConfig(temperature=1.0, top_p=0.9, seed=1)
+    for drafter in (None, DraftModelDrafter(target, target)):
+        engine = Engine(target, tok, drafter, num_draft=3)
+        rounds = checked(engine)
+        end, _ = run(engine, max_tokens=24, sampling=cfg)
+        assert len(end.tokens) == 24 and rounds
+    assert len(redraws) >= 20

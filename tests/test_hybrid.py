@@ -22,7 +22,13 @@ from helpers import (
 )
 from mlx_lm.generate import generate_step
 from published import CONFIGS, build_pair, write_checkpoint, write_sidecar
-from test_engine_sampling import CFG, assert_both_paths_taken, chi2_pvalue, sample_pairs
+from test_engine_sampling import (
+    CFG,
+    assert_both_paths_taken,
+    chi2_pvalue,
+    redraws_counted,
+    sample_pairs,
+)
 from test_engine_sampling import target_joint as exact_joint
 
 from mlx_spec import cache as kv
@@ -77,6 +83,19 @@ def test_plain_decoding_equals_mlx_lm(loaded, arch):
     ref = [int(t) for t, _ in generate_step(mx.array(PROMPT), target.model, max_tokens=40)]
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), ref)
     assert any(isinstance(c, RecurrentCache) for c in engine.cache)
+    assert_cache_equals_recompute(target, engine.cache, engine.tokens[:-1])
+
+
+def test_top_p_redraw_rolls_back_the_recurrent_step_built_ahead(loaded, monkeypatch):
+    """Plain decoding builds its next step on a token still lazy; when top-p's candidates fall
+    short, that token is redrawn and the step — recurrent state included — rolled back."""
+    redraws = redraws_counted(monkeypatch)
+    target, tok = loaded(HYBRID[0])
+    engine = Engine(target, tok, None)
+    checked(engine)
+    end, _ = run(engine, max_tokens=12,
+                 sampling=SamplingConfig(temperature=1.0, top_p=0.9, seed=2))
+    assert len(end.tokens) == 12 and len(redraws) >= 10
     assert_cache_equals_recompute(target, engine.cache, engine.tokens[:-1])
 
 

@@ -208,10 +208,48 @@ def test_plain_decoding_samples_the_processed_distribution(top_k):
     logits = mx.array(rng.normal(size=(1, V)) * 2, mx.float32)
     cfg = SamplingConfig(temperature=0.8, top_k=top_k, seed=11)
     sampler = Sampler(cfg)
-    draws = np.array([sampler.next_token(logits, []).item() for _ in range(6000)])
+    draws = np.array([sampler.next_token(logits, [])[0].item() for _ in range(6000)])
     probs = np.array(probabilities(logits, cfg)[0], dtype=np.float64)
     probs /= probs.sum()
     assert set(np.unique(draws)) <= set(np.flatnonzero(probs > 0))
     live = probs > 0
     counts = np.bincount(draws, minlength=V)[live]
     assert chisquare(counts, probs[live] * len(draws)).pvalue > 0.01
+
+
+def _flat_rows(rows):
+    """Near-flat logits over V tokens: 4 candidates hold far less than top_p = 0.9 of a row."""
+    return mx.array(np.tile(np.linspace(0.0, 0.6, V * 2), (rows, 1)), mx.float32)
+
+
+def test_top_p_past_its_candidates_is_checked_without_a_sync_and_decided_exactly(monkeypatch):
+    """A nucleus wider than the candidate set: processed() says so in a lazy flag (no host
+    sync); plain decoding redraws such a token from the exact p, a round is decided again on
+    it, and the draft's q — cut at the candidates, but really what the draft was drawn from —
+    leaves the output distributed as p (χ² on the first token each emits)."""
+    from mlx_spec import sampling
+
+    monkeypatch.setattr(sampling, "CANDIDATES", 4)
+    logits = _flat_rows(2)
+    cfg = SamplingConfig(temperature=1.0, top_p=0.9, seed=5)
+    probs, exact = sampling.processed(logits, cfg)
+    assert exact is not None and not bool(exact) and int((np.array(probs[0]) > 0).sum()) == 4
+    p = np.array(sampling.processed(logits, cfg, full=True)[0][0], dtype=np.float64)
+    assert (p > 0).sum() > 4
+    np.testing.assert_allclose(np.array(probabilities(logits, cfg)[0]), p, atol=1e-6)
+    p /= p.sum()
+    sampler = Sampler(cfg)
+    plain, spec = [], []
+    for _ in range(3000):
+        token, ok = sampler.next_token(logits[:1], [])
+        assert not bool(ok)
+        plain.append(sampler.redraw(logits[:1], []))
+        draft, q = sampler.draft_token(logits[0], [])
+        assert int((np.array(q) > 0).sum()) == 4  # the draft's nucleus: cut at the candidates
+        verdict = sampler.verify(logits, [], draft.reshape(1), q[None])
+        spec.append(verdict.tokens[0])
+    live = p > 0
+    for draws in (plain, spec):
+        counts = np.bincount(draws, minlength=len(p))
+        assert counts[~live].sum() == 0
+        assert chisquare(counts[live], p[live] * len(draws)).pvalue > 0.01
