@@ -276,6 +276,17 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
                                   temp, top_p))
                 group.append(ours(wide, DraftModelDrafter(draft, wide), kk,
                                   f"ours draft k={kk} {tag}", "draft", "f32", temp, top_p))
+        # auto ÷ the best fixed k of its drafter, in ABBA pairs on one prompt (the table's
+        # single runs vary too much to settle a few per cent either way)
+        makers = {"mtp": mtp, "draft (twin)": lambda: DraftModelDrafter(small, wide)}
+        for auto in [r for r in group if r.num_draft == "auto" and r.drafter in makers]:
+            fixed = [r for r in group if r.drafter == auto.drafter
+                     and r.engine == "mlx-spec" and isinstance(r.num_draft, int)]
+            best = max(fixed, key=lambda r: r.tok_s)
+            parity[f"{auto.name} ÷ {best.name}"] = abba(
+                *(lambda kk=kk, make=makers[auto.drafter], t=temp, p=top_p: ours(
+                    wide, make(), kk, "parity", "", "f32", t, p, prompts[:1]).tok_s
+                  for kk in ("auto", best.num_draft)), cfg.parity_pairs)
         mlx_lm_base = next((r.tok_s for r in group if r.name.startswith("mlx-lm generate")),
                            None)
         for r in group:
