@@ -11,9 +11,8 @@ sync, and only refine o, the residual). A k the rounds have timed costs its own 
 time (times r), and the model is scaled to it at the k next to it. T(0) = r0·p: p plain
 decoding's cost (pipelined as mlx-lm does) calibrated beside c(q), r0 its own drift, refined by
 plain tokens and, while speculation is on, by short plain probes (rarer while it leads by far).
-We pick argmax_k E(k)/T(k),
-with k = 0 (E = 1) whenever speculation cannot pay — e.g. a quantized target on a CPU, where
-c(q) grows linearly in q.
+We pick argmax_k E(k)/T(k), with k = 0 (E = 1) whenever speculation cannot pay — e.g. a
+quantized target on a CPU, where c(q) grows linearly in q.
 
 What it has not tried it estimates, rather than assuming: α_1 is shrunk toward a prior, and each
 deeper α_i toward the estimate of the position before it, so an untried position starts where
