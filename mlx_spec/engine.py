@@ -249,19 +249,19 @@ class Engine:
         self.cached += 1
         y, exact = sampler.next_token(logits[-1:], self.tokens)
         mx.async_eval([a for a in (y, h, exact) if a is not None])
-        return _Step(y, h, exact, logits[-1:], list(self.tokens) if sampler.uses_history else [])
+        return _Step(y, h, exact, logits[-1:])
 
-    @staticmethod
-    def _read(step: _Step, sampler: Sampler) -> tuple[int, bool]:
+    def _read(self, step: _Step, sampler: Sampler) -> tuple[int, bool]:
         """The host reads a step's token (one sync, its check included): (token, whether it is
         the token the next step was built on). A token whose top-p candidates fell short is
-        redrawn from the exact p; commit then cuts back a step built on the first draw."""
+        redrawn from the exact p; commit then cuts back a step built on the first draw. (The
+        history is the step's own: a step is read before its token is committed.)"""
         if step.exact is None:
             return int(step.token.item()), True
         token, exact = mx.stack([step.token, step.exact.astype(mx.int32)]).tolist()
         if exact:
             return token, True
-        return sampler.redraw(step.logits, step.history), False
+        return sampler.redraw(step.logits, self.tokens), False
 
     def _round(self, k: int, sampler: Sampler, s: _Counters, policy: AdaptiveDraftLength | None,
                keep: Callable[[list[int]], int]) -> Iterator[tuple[list[int], list[Kind]]]:
@@ -415,13 +415,12 @@ class Engine:
 
 class _Step(NamedTuple):
     """A plain decoding step on the device: its token (lazy), hidden row, the sampler's lazy
-    top-p check (None: nothing to check), and what a redraw would need."""
+    top-p check (None: nothing to check), and the logits a redraw would need."""
 
     token: mx.array
     hidden: mx.array | None
     exact: mx.array | None
     logits: mx.array
-    history: list[int]
 
 
 class _Counters:

@@ -283,10 +283,12 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
             fixed = [r for r in group if r.drafter == auto.drafter
                      and r.engine == "mlx-spec" and isinstance(r.num_draft, int)]
             best = max(fixed, key=lambda r: r.tok_s)
+
+            def rate(kk, make=makers[auto.drafter], t=temp, p=top_p) -> float:
+                return ours(wide, make(), kk, "parity", "", "f32", t, p, prompts[:1]).tok_s
+
             parity[f"{auto.name} ÷ {best.name}"] = abba(
-                *(lambda kk=kk, make=makers[auto.drafter], t=temp, p=top_p: ours(
-                    wide, make(), kk, "parity", "", "f32", t, p, prompts[:1]).tok_s
-                  for kk in ("auto", best.num_draft)), cfg.parity_pairs)
+                lambda: rate("auto"), lambda b=best.num_draft: rate(b), cfg.parity_pairs)
         mlx_lm_base = next((r.tok_s for r in group if r.name.startswith("mlx-lm generate")),
                            None)
         for r in group:
