@@ -16,13 +16,20 @@ quantized target on a CPU, where c(q) grows linearly in q.
 
 What it has not tried it estimates, rather than assuming: α_1 is shrunk toward a prior, and each
 deeper α_i toward the estimate of the position before it, so an untried position starts where
-its neighbour is (a good drafter's deep positions look good until measured otherwise). While
-speculation is off, a probe round keeps α_1 and d measured (every `probe_every` rounds at
-first, then ever less often while speculation stays off); while on,
+its neighbour is (a good drafter's deep positions look good until measured otherwise).
+Speculation goes off only when the evidence says so: the on/off decision reads each α_i at the
+upper end of its uncertainty (one standard error above the estimate, the error shrinking as
+√(evidence)), so a handful of rejected rounds at the start of a turn does not switch it off.
+While it is off, every plain token ages the evidence as a round would, so what the drafter did
+on text long gone weighs less and less until speculation is tried again — acceptance follows
+the content, and a turn that starts where the last one was hopeless may be easy. A probe round
+also keeps α_1 and d measured while off (every `probe_every` rounds; ever less often where
+speculation could not pay even if every draft were accepted: a cost-bound target); while on,
 every `explore_every` rounds (every other one in the first 16) one draft more than the best is
 tried, so positions beyond the current choice get measured too. A drafter's catch-up over a
 new prompt is not charged as per-token drafting cost (rounds that fed it more than k_max + 1
-tokens are left out of d).
+tokens are left out of d). A round timed in parts pays a sync the fused ones do not: it refines
+d and r, never o or a measured T(k).
 """
 
 from __future__ import annotations
@@ -108,13 +115,14 @@ class AdaptiveDraftLength:
                  draft_cost: float | None = None,
                  prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.98,
                  probe_every: int = 16, explore_every: int = 8, split_every: int = 8,
-                 plain_every: int = 32, plain_probe: int = 4):
+                 plain_every: int = 32, plain_probe: int = 4, optimism: float = 1.0):
         self.costs = tuple(verify_costs)
         self.k_max = len(self.costs) - 1
         # α_i as (accepted, seen) with exponential forgetting; priors enter in alphas()
         self.accepted = [0.0] * self.k_max
         self.seen = [0.0] * self.k_max
         self.prior, self.prior_weight = prior, prior_weight
+        self.optimism = optimism  # standard errors added to each α for the on/off decision
         self.draft_cost = draft_cost if draft_cost is not None else 0.1 * self.costs[0]
         self.overhead = 0.0  # o: seconds per round outside drafting and verifying
         self.timed: list[float | None] = [None] * (self.k_max + 1)  # measured T(k) at r = 1
@@ -139,6 +147,13 @@ class AdaptiveDraftLength:
             mean = (a + w * mean) / (s + w)
             out.append(mean)
         return out
+
+    def optimistic_alphas(self) -> list[float]:
+        """Each α_i one `optimism` standard error higher: √(α(1 − α)/n) with n its evidence
+        (what it has seen, plus the prior's weight); thin evidence, a wide margin."""
+        w = self.prior_weight
+        return [min(1.0, a + self.optimism * (a * (1 - a) / (s + w)) ** 0.5)
+                for a, s in zip(self.alphas(), self.seen, strict=True)]
 
     def expected_tokens(self, k: int) -> float:
         return self._expected(self.alphas())[k]
@@ -177,18 +192,25 @@ class AdaptiveDraftLength:
 
     def choose(self, limit: int | None = None) -> int:
         top = self.k_max if limit is None else min(self.k_max, limit)
+        cost = [self.round_cost(k) for k in range(top + 1)]
         expected = self._expected(self.alphas())
-        best = max(range(top + 1), key=lambda k: expected[k] / self.round_cost(k))
-        if best == 0:
+        hopeful = self._expected(self.optimistic_alphas())
+        if max(range(top + 1), key=lambda k: hopeful[k] / cost[k]) == 0:
             self.rounds_off += 1
             if self.rounds_off >= self.probe_gap and top >= 1:
-                # probe: keep α_1 and d measured while speculation is off; each probe that
-                # finds it still off doubles the wait, so a target where speculation cannot
-                # pay (a quantized one on a CPU) pays for probes less and less
+                # probe: keep α_1 and d measured while speculation is off. Where it could not
+                # pay even if every draft were accepted (a quantized target on a CPU), each
+                # probe doubles the wait, so probes cost less and less
                 self.rounds_off = 0
-                self.probe_gap = min(2 * self.probe_gap, 64 * self.probe_every)
+                if all((k + 1) / cost[k] <= 1 / cost[0] for k in range(1, top + 1)):
+                    self.probe_gap = min(2 * self.probe_gap, 64 * self.probe_every)
                 return 1
             return 0
+        # climb one depth at a time: a k past the measured depths (plus one) is an estimate
+        # built on estimates, so one lucky round cannot send k from 3 to 7
+        measured = next((i for i, s in enumerate(self.seen) if s < 1.0), self.k_max)
+        reach = min(top, measured + 1)
+        best = max(range(1, reach + 1), key=lambda k: expected[k] / cost[k])
         if self.rounds_off or self.probe_gap != self.probe_every:
             self.rounds_off, self.probe_gap = 0, self.probe_every  # on again: probes reset
             self.plain_gap = self.plain_every
@@ -201,7 +223,7 @@ class AdaptiveDraftLength:
             # plain probe: measure what k = 0 costs now. Its tokens come at plain decoding's
             # rate, so while speculation leads by far (> 1.5×), where a drift in r0 cannot
             # flip the choice, each probe doubles the wait for the next (up to 8×)
-            lead = expected[best] / self.round_cost(best) * self.round_cost(0)
+            lead = expected[best] / cost[best] * cost[0]
             self.plain_gap = (min(2 * self.plain_gap, 8 * self.plain_every) if lead > 1.5
                               else self.plain_every)
             self.since_plain = 0
@@ -232,8 +254,9 @@ class AdaptiveDraftLength:
             self.slowdown = 0.9 * self.slowdown + 0.1 * ratio
         if k and draft_seconds is not None and fed <= self.k_max + 1:  # not a catch-up
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * draft_seconds / k
-        if round_seconds is not None and fed <= self.k_max + 1:
-            # o is what the model leaves unexplained (it may be < 0: overlap the sync saves)
+        if round_seconds is not None and draft_seconds is None and fed <= self.k_max + 1:
+            # o is what the model leaves unexplained (it may be < 0: overlap the sync saves);
+            # only fused rounds, the loop as it runs (a split round pays a sync of its own)
             rest = round_seconds - k * self.draft_cost - self.slowdown * self.costs[k]
             self.overhead = 0.9 * self.overhead + 0.1 * rest
             if k:
@@ -249,5 +272,9 @@ class AdaptiveDraftLength:
         """One pipelined token of plain decoding took `seconds`: it refines r0, plain
         decoding's own drift (kept apart from r: a calibration error between p and c must not
         leak from one side into the other). While speculation is on, short plain probes keep
-        r0 current, as probe rounds keep α and d current while it is off."""
+        r0 current, as probe rounds keep α and d current while it is off. A plain token also
+        ages the acceptance evidence as a round does: while speculation is off, what the
+        drafter did on text long gone fades, so it is tried again."""
         self.plain_drift = 0.9 * self.plain_drift + 0.1 * seconds / self.plain_cost
+        self.accepted = [self.decay * a for a in self.accepted]
+        self.seen = [self.decay * s for s in self.seen]

@@ -87,7 +87,8 @@ def test_round_overhead_and_verify_slowdown_are_fitted_online():
     policy = AdaptiveDraftLength(costs, draft_cost=0.02)
     for _ in range(200):  # verification twice as slow as calibrated (a long context), 0.3 s more
         policy.observe(2, 1, draft_seconds=0.04, verify_seconds=2 * costs[2],
-                       round_seconds=0.04 + 2 * costs[2] + 0.3)
+                       round_seconds=0.04 + 2 * costs[2] + 0.5)  # timed in parts: its own sync
+        policy.observe(2, 1, round_seconds=0.04 + 2 * costs[2] + 0.3)  # fused
     assert abs(policy.slowdown - 2.0) < 0.01 and abs(policy.overhead - 0.3) < 0.01
     assert abs(policy.round_cost(2) - (0.3 + 2 * 0.02 + 2 * costs[2])) < 0.02
 
@@ -192,3 +193,76 @@ def test_split_rounds_are_the_first_few_then_one_in_eight():
     policy = AdaptiveDraftLength([1.0] * 9)
     split = [policy.split() for _ in range(32)]
     assert split[:3] == [True] * 3 and sum(split) == 3 + 4
+
+
+def off_after(policy, rounds: int) -> None:
+    """Rounds whose every draft is rejected, plain tokens observed at their calibrated cost."""
+    for _ in range(rounds):
+        k = policy.choose()
+        if k:
+            policy.observe(k, 0, draft_seconds=0.01 * k)
+        else:
+            policy.observe_plain(policy.plain_cost)
+
+
+def test_a_few_rejections_do_not_switch_speculation_off_but_many_do():
+    """k = 1 pays here once α_1 > 0.35. After three rejected rounds the estimate is below that,
+    but three rounds are thin evidence: speculation stays on. Sixty are not."""
+    costs = [1.0 + 0.3 * q for q in range(9)]
+    policy = AdaptiveDraftLength(costs, draft_cost=0.01, probe_every=10**6)
+    for _ in range(3):
+        policy.observe(2, 0, draft_seconds=0.02)
+    assert policy.alphas()[0] < 0.35 and policy.choose() > 0
+    for _ in range(60):
+        policy.observe(2, 0, draft_seconds=0.02)
+    assert [policy.choose() for _ in range(5)] == [0] * 5
+
+
+def test_evidence_ages_while_off_so_speculation_is_tried_again():
+    """Off after a drafter was rejected for a long while (probes disabled): plain tokens age that
+    evidence until speculation is tried again; on text it now predicts, it stays on."""
+    costs = [1.0 + 0.3 * q for q in range(9)]
+    policy = AdaptiveDraftLength(costs, draft_cost=0.01, probe_every=10**6)
+    for _ in range(100):
+        policy.observe(2, 0, draft_seconds=0.02)
+    tried = None
+    for token in range(300):
+        if policy.choose():
+            tried = token
+            break
+        policy.observe_plain(policy.plain_cost)
+    assert tried is not None and tried > 20  # not at once: the evidence was strong
+    feed(policy, 30, lambda i: True)
+    ks = [policy.choose() for _ in range(10)]  # (a plain probe may fall among them)
+    assert sum(k >= 2 for k in ks) >= 10 - policy.plain_probe, ks
+
+
+def test_probes_keep_their_pace_where_speculation_could_pay():
+    """Rejected drafts on a target where accepted ones would pay: the wait between probes does
+    not grow (the content may change), unlike on a cost-bound target (the test above)."""
+    policy = AdaptiveDraftLength([1.0 + 0.01 * q for q in range(9)], draft_cost=0.01)
+    off_after(policy, 600)
+    assert policy.probe_gap == policy.probe_every
+
+
+def test_split_rounds_leave_the_fixed_cost_and_measured_round_times_alone():
+    costs = [1.0 + 0.03 * q for q in range(9)]
+    policy = AdaptiveDraftLength(costs, draft_cost=0.02)
+    policy.observe(3, 2, draft_seconds=0.06, verify_seconds=costs[3], round_seconds=5.0)
+    assert policy.overhead == 0.0 and policy.timed[3] is None
+    policy.observe(3, 2, round_seconds=1.5)
+    assert policy.overhead != 0.0 and policy.timed[3] is not None
+
+
+def test_k_climbs_one_depth_at_a_time():
+    """Every draft accepted on a cheap target: k goes deep, but never past the deepest depth
+    measured so far plus one (and one more to explore): no jump from 3 to 7 on one round."""
+    policy = AdaptiveDraftLength([1.0 + 0.01 * q for q in range(9)], draft_cost=0.001)
+    deepest, ks = 0, []
+    for _ in range(40):
+        k = policy.choose()
+        assert k <= deepest + 2, ks
+        ks.append(k)
+        deepest = max(deepest, k)
+        policy.observe(k, k, draft_seconds=0.001 * k)
+    assert deepest == 8
