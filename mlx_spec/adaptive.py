@@ -23,8 +23,10 @@ upper end of its uncertainty (one standard error above the estimate, the error s
 While it is off, every plain token ages the evidence as a round would, so what the drafter did
 on text long gone weighs less and less until speculation is tried again — acceptance follows
 the content, and a turn that starts where the last one was hopeless may be easy. A probe round
-also keeps α_1 and d measured while off (every `probe_every` rounds; ever less often where
-speculation could not pay even if every draft were accepted: a cost-bound target); while on,
+also keeps α_1 and d measured while off: every `probe_every` rounds, or as rarely as keeps its
+loss against plain decoding within 1% (a probe on a tiny, overhead-bound target costs two plain
+tokens); ever less often where speculation could not pay even if every draft were accepted (a
+cost-bound target). While on,
 every `explore_every` rounds (every other one in the first 16) one draft more than the best is
 tried, so positions beyond the current choice get measured too. A drafter's catch-up over a
 new prompt is not charged as per-token drafting cost (rounds that fed it more than k_max + 1
@@ -34,6 +36,7 @@ d and r, never o or a measured T(k).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
@@ -115,7 +118,8 @@ class AdaptiveDraftLength:
                  draft_cost: float | None = None,
                  prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.98,
                  probe_every: int = 16, explore_every: int = 8, split_every: int = 8,
-                 plain_every: int = 32, plain_probe: int = 4, optimism: float = 1.0):
+                 plain_every: int = 32, plain_probe: int = 4, optimism: float = 1.0,
+                 probe_budget: float = 0.01):
         self.costs = tuple(verify_costs)
         self.k_max = len(self.costs) - 1
         # α_i as (accepted, seen) with exponential forgetting; priors enter in alphas()
@@ -137,7 +141,8 @@ class AdaptiveDraftLength:
         self.split_every = split_every
         self.plain_every, self.plain_probe = plain_every, plain_probe
         self.plain_gap, self.since_plain = plain_every, 0  # rounds between plain probes
-        self.probe_gap = probe_every  # rounds between probes while off (doubles, see choose)
+        self.probe_gap = probe_every  # rounds between probes while off (see choose)
+        self.probe_budget = probe_budget  # a probe's loss, as a share of the plain tokens
 
     def alphas(self) -> list[float]:
         """Each α_i shrunk toward the estimate before it (α_1 toward the prior)."""
@@ -200,10 +205,17 @@ class AdaptiveDraftLength:
             if self.rounds_off >= self.probe_gap and top >= 1:
                 # probe: keep α_1 and d measured while speculation is off. Where it could not
                 # pay even if every draft were accepted (a quantized target on a CPU), each
-                # probe doubles the wait, so probes cost less and less
+                # probe doubles the wait, so probes cost less and less. Elsewhere the wait is
+                # what keeps a probe's loss against plain decoding (T(1)/T(0) − E(1) plain
+                # tokens' worth) under `probe_budget` of the plain tokens between probes
                 self.rounds_off = 0
+                most = 64 * self.probe_every
                 if all((k + 1) / cost[k] <= 1 / cost[0] for k in range(1, top + 1)):
-                    self.probe_gap = min(2 * self.probe_gap, 64 * self.probe_every)
+                    self.probe_gap = min(2 * self.probe_gap, most)
+                else:
+                    loss = max(0.0, cost[1] / cost[0] - expected[1])
+                    self.probe_gap = min(max(self.probe_every,
+                                             math.ceil(loss / self.probe_budget)), most)
                 return 1
             return 0
         # climb one depth at a time: a k past the measured depths (plus one) is an estimate

@@ -237,12 +237,17 @@ def test_evidence_ages_while_off_so_speculation_is_tried_again():
     assert sum(k >= 2 for k in ks) >= 10 - policy.plain_probe, ks
 
 
-def test_probes_keep_their_pace_where_speculation_could_pay():
-    """Rejected drafts on a target where accepted ones would pay: the wait between probes does
-    not grow (the content may change), unlike on a cost-bound target (the test above)."""
-    policy = AdaptiveDraftLength([1.0 + 0.01 * q for q in range(9)], draft_cost=0.01)
-    off_after(policy, 600)
-    assert policy.probe_gap == policy.probe_every
+@pytest.mark.parametrize(("slope", "low", "high"), [(0.01, 16, 16), (1.0, 30, 105)])
+def test_probes_are_paced_by_their_cost_where_speculation_could_pay(slope, low, high):
+    """Drafts rejected where accepted ones would pay (deep rounds cost less than their tokens):
+    the wait between probes does not keep doubling as on a cost-bound target, since the content
+    may change. It keeps a probe's loss within 1% of the plain tokens between probes: a cheap
+    probe every 16 rounds; one that costs two plain tokens and yields 1 + α̂ (α̂ between its
+    evidence, none accepted, and the prior it ages back toward), every 40 to 100."""
+    costs = [1.0, 1.0 + slope] + [1.0 + slope + 0.01 * q for q in range(1, 8)]
+    policy = AdaptiveDraftLength(costs, draft_cost=0.0)
+    off_after(policy, 1500)
+    assert low <= policy.probe_gap <= high
 
 
 def test_split_rounds_leave_the_fixed_cost_and_measured_round_times_alone():
