@@ -153,12 +153,12 @@ class AdaptiveDraftLength:
             out.append(mean)
         return out
 
-    def optimistic_alphas(self) -> list[float]:
-        """Each α_i one `optimism` standard error higher: √(α(1 − α)/n) with n its evidence
-        (what it has seen, plus the prior's weight); thin evidence, a wide margin."""
+    def optimistic(self, alphas: list[float]) -> list[float]:
+        """Each α_i (as alphas() gives them) one `optimism` standard error higher:
+        √(α(1 − α)/n), n its evidence (what it has seen, plus the prior's weight)."""
         w = self.prior_weight
         return [min(1.0, a + self.optimism * (a * (1 - a) / (s + w)) ** 0.5)
-                for a, s in zip(self.alphas(), self.seen, strict=True)]
+                for a, s in zip(alphas, self.seen, strict=True)]
 
     def expected_tokens(self, k: int) -> float:
         return self._expected(self.alphas())[k]
@@ -198,8 +198,8 @@ class AdaptiveDraftLength:
     def choose(self, limit: int | None = None) -> int:
         top = self.k_max if limit is None else min(self.k_max, limit)
         cost = [self.round_cost(k) for k in range(top + 1)]
-        expected = self._expected(self.alphas())
-        hopeful = self._expected(self.optimistic_alphas())
+        alphas = self.alphas()
+        expected, hopeful = self._expected(alphas), self._expected(self.optimistic(alphas))
         if max(range(top + 1), key=lambda k: hopeful[k] / cost[k]) == 0:
             self.rounds_off += 1
             if self.rounds_off >= self.probe_gap and top >= 1:
