@@ -10,16 +10,19 @@ times in parts (every few; the others run draft and verify as one device graph w
 sync, and only refine o, the residual). A k the rounds have timed costs its own measured round
 time (times r), and the model is scaled to it at the k next to it. T(0) = r0·p: p plain
 decoding's cost (pipelined as mlx-lm does) calibrated beside c(q), r0 its own drift, refined by
-plain tokens and, while speculation is on, by short plain probes (rarer while it leads by far).
+whole plain runs (first step included) and, while speculation is on, by short plain probes
+(rarer while it leads by far).
 We pick argmax_k E(k)/T(k), with k = 0 (E = 1) whenever speculation cannot pay — e.g. a
 quantized target on a CPU, where c(q) grows linearly in q.
 
 What it has not tried it estimates, rather than assuming: α_1 is shrunk toward a prior, and each
 deeper α_i toward the estimate of the position before it, so an untried position starts where
 its neighbour is (a good drafter's deep positions look good until measured otherwise).
-Speculation goes off only when the evidence says so: the on/off decision reads each α_i at the
-upper end of its uncertainty (one standard error above the estimate, the error shrinking as
-√(evidence)), so a handful of rejected rounds at the start of a turn does not switch it off.
+Speculation goes off only when the evidence says so: while on, the on/off decision reads each
+α_i at the upper end of its uncertainty (one standard error above the estimate, the error
+shrinking as √(evidence)), so a handful of rejected rounds at the start of a turn does not
+switch it off. While off it reads the estimates themselves (hysteresis): one accepted probe
+would otherwise read its untried deeper positions as ~1 and switch on into rounds that lose.
 While it is off, every plain token ages the evidence as a round would, so what the drafter did
 on text long gone weighs less and less until speculation is tried again — acceptance follows
 the content, and a turn that starts where the last one was hopeless may be easy. A probe round
@@ -138,6 +141,7 @@ class AdaptiveDraftLength:
         self.plain_left = 0  # tokens left of a plain probe (see choose)
         self.decay, self.probe_every, self.explore_every = decay, probe_every, explore_every
         self.rounds_off = self.rounds_on = self.rounds_drafted = 0
+        self.on = True  # speculating (see choose: the on/off decision has hysteresis)
         self.split_every = split_every
         self.plain_every, self.plain_probe = plain_every, plain_probe
         self.plain_gap, self.since_plain = plain_every, 0  # rounds between plain probes
@@ -199,8 +203,13 @@ class AdaptiveDraftLength:
         top = self.k_max if limit is None else min(self.k_max, limit)
         cost = [self.round_cost(k) for k in range(top + 1)]
         alphas = self.alphas()
-        expected, hopeful = self._expected(alphas), self._expected(self.optimistic(alphas))
-        if max(range(top + 1), key=lambda k: hopeful[k] / cost[k]) == 0:
+        expected = self._expected(alphas)
+        # hysteresis: staying on reads each α one standard error high (a few rejections are
+        # thin evidence); turning on reads the estimates themselves, so one lucky probe, whose
+        # untried deeper positions would read ~1 optimistically, cannot switch it on
+        reading = self._expected(self.optimistic(alphas)) if self.on else expected
+        if max(range(top + 1), key=lambda k: reading[k] / cost[k]) == 0:
+            self.on = False
             self.rounds_off += 1
             if self.rounds_off >= self.probe_gap and top >= 1:
                 # probe: keep α_1 and d measured while speculation is off. Where it could not
@@ -223,6 +232,7 @@ class AdaptiveDraftLength:
         measured = next((i for i, s in enumerate(self.seen) if s < 1.0), self.k_max)
         reach = min(top, measured + 1)
         best = max(range(1, reach + 1), key=lambda k: expected[k] / cost[k])
+        self.on = True
         if self.rounds_off or self.probe_gap != self.probe_every:
             self.rounds_off, self.probe_gap = 0, self.probe_every  # on again: probes reset
             self.plain_gap = self.plain_every
@@ -280,13 +290,22 @@ class AdaptiveDraftLength:
             self.accepted[i] = self.decay * self.accepted[i] + (i < n)
             self.seen[i] = self.decay * self.seen[i] + 1
 
-    def observe_plain(self, seconds: float) -> None:
-        """One pipelined token of plain decoding took `seconds`: it refines r0, plain
-        decoding's own drift (kept apart from r: a calibration error between p and c must not
-        leak from one side into the other). While speculation is on, short plain probes keep
-        r0 current, as probe rounds keep α and d current while it is off. A plain token also
-        ages the acceptance evidence as a round does: while speculation is off, what the
-        drafter did on text long gone fades, so it is tried again."""
-        self.plain_drift = 0.9 * self.plain_drift + 0.1 * seconds / self.plain_cost
-        self.accepted = [self.decay * a for a in self.accepted]
-        self.seen = [self.decay * s for s in self.seen]
+    def observe_plain(self, seconds: float, tokens: int = 1) -> None:
+        """A run of plain decoding took `seconds` for its `tokens` tokens, its first step
+        included: it refines r0, plain decoding's own drift (kept apart from r: a calibration
+        error between p and c must not leak from one side into the other). A whole run, not its
+        tokens one by one: where reading a step waits for the step built ahead of it (MLX on a
+        CPU), a run's first token arrives two steps in and its last one at once, so per-token
+        times of short runs (the plain probes while speculation is on) read ~(m − 2)/(m − 1)
+        of the real cost, and a 4-token probe made plain decoding look 1.5× cheaper."""
+        if tokens <= 0:
+            return
+        keep = 0.9**tokens
+        self.plain_drift = keep * self.plain_drift + (1 - keep) * seconds / tokens / self.plain_cost
+
+    def age(self, tokens: int = 1) -> None:
+        """Plain tokens age the acceptance evidence as rounds do: while speculation is off,
+        what the drafter did on text long gone fades, so it is tried again."""
+        keep = self.decay**tokens
+        self.accepted = [keep * a for a in self.accepted]
+        self.seen = [keep * s for s in self.seen]

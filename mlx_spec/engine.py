@@ -212,8 +212,9 @@ class Engine:
         anything else the end of the run. A step already built past the end (the turn
         stopped) is cut back, so the caches hold the committed sequence again."""
         pipelined = not sampler.uses_history  # the penalty reads the history as host ints
+        t = time.perf_counter()  # from before the first step: on MLX's CPU backend a step may
+        # run inside the call that builds it, so a clock started after it misses a whole step
         step = self._decode_step(mx.array(self.tokens[-1:], dtype=mx.int32), sampler)
-        t = time.perf_counter()
         try:
             while True:
                 more = plan() == 0
@@ -290,12 +291,23 @@ class Engine:
 
     def _plain(self, sampler: Sampler, plan: Callable[[], int], s: _Counters,
                policy: AdaptiveDraftLength | None) -> Iterator[tuple[list[int], list[Kind]]]:
-        """A run of plain decoding (decode), one token per target pass, until plan() ends it."""
-        for i, (token, seconds) in enumerate(self.decode(sampler, plan)):
-            s.add(0, 0, 0.0, seconds)
-            if policy is not None and i:  # the run's first step overlaps nothing: not its rate
-                policy.observe_plain(seconds)
-            yield [token], [Kind.TARGET]
+        """A run of plain decoding (decode), one token per target pass, until plan() ends it.
+        The policy learns its cost from the whole run, first step included (see
+        AdaptiveDraftLength.observe_plain), and each token ages its acceptance evidence."""
+        total, tokens = 0.0, 0
+        try:
+            for token, seconds in self.decode(sampler, plan):
+                s.add(0, 0, 0.0, seconds)
+                total, tokens = total + seconds, tokens + 1
+                if policy is not None:
+                    policy.age()
+                    if tokens == 64:  # a long run (speculation off) keeps r0 current too
+                        policy.observe_plain(total, tokens)
+                        total, tokens = 0.0, 0
+                yield [token], [Kind.TARGET]
+        finally:
+            if policy is not None:
+                policy.observe_plain(total, tokens)
 
     # -- a turn ----------------------------------------------------------------------------------
 

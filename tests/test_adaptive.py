@@ -203,6 +203,7 @@ def off_after(policy, rounds: int) -> None:
             policy.observe(k, 0, draft_seconds=0.01 * k)
         else:
             policy.observe_plain(policy.plain_cost)
+            policy.age()
 
 
 def test_a_few_rejections_do_not_switch_speculation_off_but_many_do():
@@ -230,7 +231,7 @@ def test_evidence_ages_while_off_so_speculation_is_tried_again():
         if policy.choose():
             tried = token
             break
-        policy.observe_plain(policy.plain_cost)
+        policy.age()  # a plain token
     assert tried is not None and tried > 20  # not at once: the evidence was strong
     feed(policy, 30, lambda i: True)
     ks = [policy.choose() for _ in range(10)]  # (a plain probe may fall among them)
@@ -271,3 +272,49 @@ def test_k_climbs_one_depth_at_a_time():
         deepest = max(deepest, k)
         policy.observe(k, k, draft_seconds=0.001 * k)
     assert deepest == 8
+
+
+def test_one_lucky_probe_does_not_switch_speculation_back_on():
+    """Off after many rejections, the evidence aged by plain tokens: one probe round is then
+    accepted. Its untried deeper positions, read one standard error high, would promise ~1 and
+    switch speculation on into rounds that cost more than they yield (each probe's loss on the
+    8-bit demo target). Turning on reads the estimates themselves; only staying on is lenient."""
+    costs = [2.0 + 0.1 * q for q in range(9)]  # a verify costs 2 plain tokens, +0.1 per token
+    policy = AdaptiveDraftLength(costs, plain_cost=1.0, draft_cost=0.05, probe_every=10**6)
+    for _ in range(60):
+        policy.observe(1, 0, draft_seconds=0.05)
+    assert [policy.choose() for _ in range(3)] == [0] * 3
+    for _ in range(150):
+        policy.choose()
+        policy.age()
+    policy.observe(1, 1, draft_seconds=0.05)
+    assert [policy.choose() for _ in range(5)] == [0] * 5
+
+
+def test_plain_runs_are_charged_their_first_step(load, monkeypatch):
+    """On MLX's CPU backend a plain step may run inside the call that builds it; a clock started
+    after the first step missed it, and a 4-token plain probe read 3/4 of its real cost. With a
+    clock that only moves when the target runs, the policy is charged one step per token."""
+    import types
+
+    import mlx_spec.engine as engine_module
+
+    target, tok = load("llama")
+    clock = [0.0]
+    forward = target.forward
+
+    def timed_forward(*a, **kw):
+        clock[0] += 1.0
+        return forward(*a, **kw)
+
+    monkeypatch.setattr(target, "forward", timed_forward)
+    monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(AdaptiveDraftLength, "choose", lambda self, limit=None: 0)
+    seen = []
+    monkeypatch.setattr(AdaptiveDraftLength, "observe_plain",
+                        lambda self, seconds, tokens=1: seen.append((seconds, tokens)))
+    engine = Engine(target, tok, DraftModelDrafter(target, target), num_draft="auto")
+    end, _ = run(engine, max_tokens=12)
+    tokens = sum(t for _, t in seen)
+    assert tokens == end.stats.generated_tokens == 12
+    assert sum(s for s, _ in seen) == tokens  # one target step per plain token, none missed
