@@ -31,7 +31,7 @@ from .drafters.base import Draft, DraftContext, Drafter
 from .errors import MlxSpecError, PromptTooLongError
 from .events import Event, Kind, TokenEvent, TurnEnd, TurnStats
 from .model import TargetModel
-from .sampling import Sampler, SamplingConfig
+from .sampling import Sampler, SamplingConfig, Tokens
 from .stats import quantiles
 
 PREFILL_CHUNK = 512
@@ -211,7 +211,6 @@ class Engine:
         plan(), asked before each token is read: what comes after it — 0 another plain step,
         anything else the end of the run. A step already built past the end (the turn
         stopped) is cut back, so the caches hold the committed sequence again."""
-        pipelined = not sampler.uses_history  # the penalty reads the history as host ints
         t = time.perf_counter()  # from before the first step: on MLX's CPU backend a step may
         # run inside the call that builds it, so a clock started after it misses a whole step
         step = self._decode_step(mx.array(self.tokens[-1:], dtype=mx.int32), sampler)
@@ -219,9 +218,9 @@ class Engine:
             while True:
                 more = plan() == 0
                 ahead = None
-                if more and pipelined:
+                if more:
                     kv.trim_to(self.cache, self.cached, have=self.cached)  # seal: this step stays
-                    ahead = self._decode_step(step.token, sampler)
+                    ahead = self._decode_step(step.token, sampler, self._history(sampler, step))
                 token, stands = self._read(step, sampler)
                 if not stands:  # built on a discarded draw: commit cuts it back
                     ahead = None
@@ -243,12 +242,21 @@ class Engine:
             # else (a recurrent model without rollback) the cache holds one token more than
             # the invariant says; `cached` counts it, and the next prefill reuses or resets
 
-    def _decode_step(self, x: mx.array, sampler: Sampler) -> _Step:
-        """One target step on token x (lazy or not): the next token, lazy, started on the
-        device; the step's hidden row for a hidden-state drafter; the sampler's check."""
+    def _history(self, sampler: Sampler, step: _Step) -> Tokens:
+        """What the step built ahead of `step` conditions on: the committed tokens, then
+        step's own token, still lazy (only a repetition penalty reads it)."""
+        if not sampler.uses_history:
+            return []
+        recent = self.tokens[max(0, len(self.tokens) - sampler.cfg.repetition_context + 1) :]
+        return mx.concatenate([mx.array(recent, dtype=mx.int32), step.token.reshape(1)])
+
+    def _decode_step(self, x: mx.array, sampler: Sampler, history: Tokens | None = None) -> _Step:
+        """One target step on token x (lazy or not), after `history` (default: the committed
+        tokens): the next token, lazy, started on the device; the step's hidden row for a
+        hidden-state drafter; the sampler's check."""
         logits, h = self.target.forward(x, self.cache, hidden=self._want_hidden)
         self.cached += 1
-        y, exact = sampler.next_token(logits[-1:], self.tokens)
+        y, exact = sampler.next_token(logits[-1:], self.tokens if history is None else history)
         mx.async_eval([a for a in (y, h, exact) if a is not None])
         return _Step(y, h, exact, logits[-1:])
 

@@ -55,26 +55,39 @@ _VALID = (  # (field, test, what it must be): NaN and infinities fail every test
 )
 
 
-def penalize(
-    logits: mx.array, history: list[int], rows: list[int], cfg: SamplingConfig
-) -> mx.array:
+Tokens = list[int] | mx.array  # host ints, or a (possibly lazy) int array on the device
+
+
+def _length(tokens: Tokens) -> int:
+    return tokens.size if isinstance(tokens, mx.array) else len(tokens)
+
+
+def _ids(tokens: Tokens) -> mx.array:
+    return (tokens if isinstance(tokens, mx.array) else mx.array(tokens)).astype(mx.int32)
+
+
+def penalize(logits: mx.array, history: Tokens, rows: Tokens, cfg: SamplingConfig) -> mx.array:
     """Repetition penalty for n rows of logits [n, V].
 
     Row r is conditioned on history + rows[:r] (rows are the tokens fed after the history, so the
-    draft tokens of a round), hence each row sees its own window of previous tokens.
+    draft tokens of a round), hence each row sees its own window of previous tokens. history and
+    rows may be device arrays, still lazy: only their lengths are read here, so the penalty
+    needs no host sync (drafts and pipelined plain steps chain on the device as without it).
     """
-    if cfg.repetition_penalty == 1.0 or (not history and not rows):
+    n_hist, n_rows = _length(history), _length(rows)
+    if cfg.repetition_penalty == 1.0 or (not n_hist and not n_rows):
         return logits
     n, window = logits.shape[0], cfg.repetition_context
-    seq = history[-window:] + rows
-    base = len(seq) - len(rows)
-    windows, live = [], []
+    base = min(n_hist, window)  # seq = the last `window` history tokens, then the rows
+    parts = ([_ids(history)[n_hist - base :]] if base else []) + ([_ids(rows)] if n_rows else [])
+    seq = mx.concatenate(parts) if len(parts) > 1 else parts[0]
+    positions, live = [], []
     for r in range(n):
-        w = seq[max(0, base + r - window) : base + r]
+        w = list(range(max(0, base + r - window), min(base + r, base + n_rows)))
         # left-pad with a token of the window itself, so duplicates get the same penalized value
-        windows.append([w[0] if w else 0] * (window - len(w)) + w)
+        positions.append([w[0] if w else 0] * (window - len(w)) + w)
         live.append(bool(w))
-    idx = mx.array(windows)
+    idx = mx.take(seq, mx.array(positions))  # [n, window] token ids, on the device
     picked = mx.take_along_axis(logits, idx, axis=-1)
     penalized = mx.where(
         picked > 0, picked / cfg.repetition_penalty, picked * cfg.repetition_penalty
@@ -89,26 +102,39 @@ CANDIDATES = 1024  # top-p looks among this many most likely tokens first (exact
 def tempered(logits: mx.array, cfg: SamplingConfig) -> mx.array:
     """(Already penalized) logits [n, V] scaled by 1/T, off the top k masked to -inf: their
     softmax is the sampled distribution whenever neither top-p nor min-p is on."""
+    return _tempered(logits, cfg)[0]
+
+
+def _tempered(logits: mx.array, cfg: SamplingConfig) -> tuple[mx.array, mx.array | None]:
+    """tempered(), and where top-k is on the indices [n, k] of each row's k largest, found by
+    one partial selection (no sort); ties with the k-th stay in, as the mask keeps them."""
     logits = logits.astype(mx.float32) / cfg.temperature
-    if cfg.top_k and cfg.top_k < logits.shape[-1]:
-        kth = mx.topk(logits, cfg.top_k, axis=-1).min(axis=-1, keepdims=True)
-        logits = mx.where(logits < kth, -mx.inf, logits)
-    return logits
+    vocab = logits.shape[-1]
+    if not cfg.top_k or cfg.top_k >= vocab:
+        return logits, None
+    top = mx.argpartition(logits, kth=vocab - cfg.top_k, axis=-1)[..., vocab - cfg.top_k :]
+    kth = mx.take_along_axis(logits, top, axis=-1).min(axis=-1, keepdims=True)
+    return mx.where(logits < kth, -mx.inf, logits), top
 
 
 def processed(logits: mx.array, cfg: SamplingConfig, *, full: bool = False
               ) -> tuple[mx.array, mx.array | None]:
     """Turn (already penalized) logits [n, V] into the distributions sampled from, without a
     host sync: (probs, exact). No full sort of a row at real vocabulary sizes (151,936 for
-    Qwen, 262,144 for Gemma): top-k is a partial selection; top-p looks for the nucleus among
-    CANDIDATES most likely tokens when more could be in it (see nucleus_floor). exact is None
-    when probs is exact by construction, else a lazy flag, false when some row's candidates
-    held less than top_p of its mass: that row's nucleus was cut short at them. full: always
-    exact (a full sort where needed)."""
-    probs = mx.softmax(tempered(logits, cfg), axis=-1)
+    Qwen, 262,144 for Gemma): top-k is one partial selection, whose survivors are also where
+    top-p looks for the nucleus (their probabilities read out of probs, so the floor compares
+    equal to itself); without top-k, top-p looks among CANDIDATES most likely tokens when more
+    could be in it (see nucleus_floor). exact is None when probs is exact by construction, else
+    a lazy flag, false when some row's candidates held less than top_p of its mass: that row's
+    nucleus was cut short at them. full: always exact (a full sort where needed)."""
+    scaled, top = _tempered(logits, cfg)
+    probs = mx.softmax(scaled, axis=-1)
     exact = None
     if cfg.top_p < 1.0:
-        floor, exact = nucleus_floor(probs, cfg, probs.shape[-1] if full else CANDIDATES)
+        if top is not None and top.shape[-1] <= CANDIDATES:
+            floor = _floor(mx.take_along_axis(probs, top, axis=-1), cfg.top_p)
+        else:
+            floor, exact = nucleus_floor(probs, cfg, probs.shape[-1] if full else CANDIDATES)
         probs = mx.where(probs >= floor, probs, 0.0)
     if cfg.min_p > 0.0:
         probs = mx.where(probs < cfg.min_p * probs.max(axis=-1, keepdims=True), 0.0, probs)
@@ -233,18 +259,18 @@ class Sampler:
 
     @property
     def uses_history(self) -> bool:
-        """Only the repetition penalty looks at previous tokens (as host ints)."""
+        """Only the repetition penalty looks at previous tokens."""
         return self.cfg.repetition_penalty != 1.0
 
     def next_key(self) -> mx.array:
         self._key, sub = mx.random.split(self._key)
         return sub
 
-    def distribution(self, logits: mx.array, history: list[int], rows: list[int]) -> mx.array:
+    def distribution(self, logits: mx.array, history: Tokens, rows: Tokens) -> mx.array:
         """Processed probabilities [n, V] for logits [n, V] (T > 0 only)."""
         return probabilities(penalize(logits, history, rows, self.cfg), self.cfg)
 
-    def draft_token(self, logits: mx.array, history: list[int]) -> tuple[mx.array, mx.array | None]:
+    def draft_token(self, logits: mx.array, history: Tokens) -> tuple[mx.array, mx.array | None]:
         """A drafter's choice from its last logits [V]: (token, q) — q is None when greedy.
 
         q is processed() without its candidate check, so drafting never waits for the host: in
@@ -265,7 +291,7 @@ class Sampler:
             return mx.argmax(logits, axis=-1)
         return categorical(probabilities(logits, self.cfg), self.next_key())
 
-    def next_token(self, logits: mx.array, history: list[int]) -> tuple[mx.array, mx.array | None]:
+    def next_token(self, logits: mx.array, history: Tokens) -> tuple[mx.array, mx.array | None]:
         """The target's own token from its logits [1, V] after history (plain decoding), lazy:
         the caller may build the next step on it before the host reads it. Returns (token,
         exact): exact None, or a lazy flag to read with the token — false, and the token must
@@ -295,8 +321,7 @@ class Sampler:
         (two in the rare round whose p needed the exact fall-back: decided again on it; the
         first decision is discarded whatever it was, so the second is an exact one)."""
         drafts = _as_ids(drafts)
-        rows = drafts.tolist() if self.uses_history else []  # already evaluated (draft_chain)
-        logits = penalize(target_logits, history, rows, self.cfg)
+        logits = penalize(target_logits, history, drafts, self.cfg)
         if self.cfg.greedy:
             return verify_greedy(logits, drafts)
 

@@ -181,3 +181,39 @@ def test_a_turn_ending_inside_a_round_commits_only_what_it_emitted(load, drafter
     assert isinstance(events[-1], TurnEnd) and events[-1].finish_reason == "stop"
     assert engine.tokens == PROMPT + list(end.tokens[: first + 1])  # through the end token
     assert_cache_equals_recompute(target, engine.cache, engine.tokens[:-1])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_repetition_penalty_on_the_device_matches_mlx_lm_and_speculation(load, arch):
+    """A repetition penalty reads its window on the device (lazy drafts, a plain step's token
+    not yet read): target-only plain decoding stays pipelined and equals mlx-lm's generate_step
+    with the same penalty, and speculation (the target drafting for itself, every cache checked)
+    equals target-only."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    from mlx_spec.sampling import SamplingConfig
+
+    target, tok = load(arch)
+    cfg = SamplingConfig(repetition_penalty=1.5, repetition_context=8)
+    plain = Engine(target, tok, None)
+    aheads = []
+    original = plain.commit
+
+    def commit(new, valid, hidden, *, ahead=0):
+        aheads.append(ahead)
+        original(new, valid, hidden, ahead=ahead)
+
+    plain.commit = commit
+    end, _ = run(plain, sampling=cfg)
+    assert any(aheads)  # pipelined: steps were built ahead of the host reading their token
+    processors = make_logits_processors(repetition_penalty=1.5, repetition_context_size=8)
+    ref = [int(t) for t, _ in generate_step(mx.array(PROMPT), target.model, max_tokens=MAX,
+                                            logits_processors=processors)]
+    assert_same_or_near_tie(target, PROMPT, list(end.tokens), ref)
+    assert list(end.tokens) != mlx_lm_greedy(target, PROMPT, MAX)  # the penalty has teeth
+    draft, _ = load(arch)
+    engine = Engine(target, tok, DraftModelDrafter(draft, target), num_draft=4)
+    checked(engine)
+    spec, _ = run(engine, sampling=cfg)
+    assert_same_or_near_tie(target, PROMPT, list(spec.tokens), list(end.tokens))
+    assert spec.stats.acceptance_rate > 0.9

@@ -186,8 +186,11 @@ def test_processing_at_a_real_vocabulary_size_equals_a_full_sort():
         return p / p.sum(axis=-1, keepdims=True)
 
     mx.random.seed(1)
-    for scale in (4.0, 0.5):  # peaked rows (nucleus among the candidates) and flat ones (not)
-        logits = mx.random.normal((5, 151_936)) * scale
+    rows = [mx.random.normal((5, 151_936)) * scale for scale in (4.0, 0.5)]
+    # peaked rows (nucleus among the candidates), flat ones (not), and coarse ones: many ties
+    # with the k-th largest, which top-k keeps
+    rows.append(mx.round(mx.random.normal((5, 151_936)) * 4) / 2)
+    for scale, logits in zip((4.0, 0.5, 4.0), rows, strict=True):
         for cfg in (SamplingConfig(temperature=0.7, top_p=0.9, top_k=50),
                     SamplingConfig(temperature=0.7, top_p=0.9),
                     SamplingConfig(temperature=1.0, top_k=CANDIDATES + 5)):
@@ -253,3 +256,25 @@ def test_top_p_past_its_candidates_is_checked_without_a_sync_and_decided_exactly
         counts = np.bincount(draws, minlength=len(p))
         assert counts[~live].sum() == 0
         assert chisquare(counts[live], p[live] * len(draws)).pvalue > 0.01
+
+
+def test_repetition_penalty_on_lazy_device_tokens_matches_a_reference():
+    """penalize() on device arrays (as drafts and pipelined plain steps hand it, still lazy)
+    and on host ints both give what the definition says: row r penalizes each distinct token
+    of (history + rows[:r])[-window:], windows cut or not."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(40):
+        window = rng.randint(1, 6)
+        cfg = SamplingConfig(repetition_penalty=1.7, repetition_context=window)
+        history = [rng.randrange(12) for _ in range(rng.randint(0, 9))]
+        rows = [rng.randrange(12) for _ in range(rng.randint(0, 4))]
+        logits = mx.random.normal((len(rows) + 1, 12), key=mx.random.key(rng.randrange(99)))
+        want = np.array(logits)
+        for r in range(len(rows) + 1):
+            for t in set((history + rows[:r])[-window:]):
+                want[r, t] = want[r, t] / 1.7 if want[r, t] > 0 else want[r, t] * 1.7
+        lazy = (mx.array(history, dtype=mx.int32) + 0, mx.array(rows, dtype=mx.int32) * 1)
+        for h, rs in ((history, rows), lazy):
+            np.testing.assert_allclose(np.array(penalize(logits, h, rs, cfg)), want, rtol=1e-6)

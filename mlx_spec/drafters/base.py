@@ -79,12 +79,14 @@ def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler, 
                 fed: int = 1) -> Draft:
     """k autoregressive draft steps: step(input) -> next-token logits [V]; each sampled token is
     the next input. Tokens stay lazy on the device (no host sync at all: the verify pass reads
-    them there) unless the repetition penalty needs them as ints."""
+    them there); a repetition penalty reads the drafts so far there too."""
     history = ctx.tokens[-sampler.cfg.repetition_context :] if sampler.uses_history else []
     x, tokens, probs = first_input, [], []
     for _ in range(k):
-        drafted = [int(t.item()) for t in tokens] if sampler.uses_history else []
-        token, q = sampler.draft_token(step(x), history + drafted)
+        seen = (mx.concatenate([mx.array(history, dtype=mx.int32)]
+                               + [t.reshape(1).astype(mx.int32) for t in tokens])
+                if tokens and sampler.uses_history else history)
+        token, q = sampler.draft_token(step(x), seen)
         tokens.append(token)
         if q is not None:
             probs.append(q)
