@@ -440,7 +440,20 @@ def machine() -> dict[str, Any]:
         "cpu_count": os.cpu_count(), "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__,
         "device": str(mx.default_device()),
         "openblas_preloaded": "openblas" in os.environ.get("LD_PRELOAD", ""),
+        "commit": _commit(),
     }
+
+
+def _commit() -> str | None:
+    """The checkout the numbers come from (`git describe --always --dirty`), if this is one."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                             text=True, timeout=10, cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def write_outputs(result: dict[str, Any], out: Path) -> None:
@@ -453,7 +466,8 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
         "Reproduce: `uv run mlx-spec bench` (full: 15 to 50 min on this 2-core machine, as "
         "its host allows) or `uv run mlx-spec bench --quick`.",
         f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on {m['device']}, "
-        f"mlx-lm {m['mlx_lm']}, OpenBLAS preloaded: {m['openblas_preloaded']}.",
+        f"mlx-lm {m['mlx_lm']}, OpenBLAS preloaded: {m['openblas_preloaded']}"
+        + (f"; code at {m['commit']}" if m.get("commit") else "") + ".",
         f"Target: the demo target widened to {result['target']['params'] / 1e6:.0f}M params "
         f"(f32, function-preserving); verify cost for q = 1..9 tokens relative to 1 "
         f"(a least-squares line through the fastest timings): "
