@@ -601,9 +601,14 @@ def hybrid_section(h: dict[str, Any]) -> list[str]:
         + ", ".join(f"{x:.2f}" for x in h["verify_cost_ratio"]) + ".", "",
         f"Target-only on this model ÷ mlx-lm `generate_step` on the same model, median of "
         f"{len(h['parity']['pairs'])} ABBA pairs: **{h['parity']['median']:.3f}** (pairs: "
-        + ", ".join(f"{r:.3f}" for r in h["parity"]["pairs"]) + "); the single rows above "
-        "are one run each. Efficiency here uses the fastest of 7 timings per q, not a fitted "
-        "line; values above 1 mean the loop saw a cheaper verify than that calibration did.", "",
+        + ", ".join(f"{r:.3f}" for r in h["parity"]["pairs"]) + ")"
+        + (f"; mtp auto ÷ mtp k={h['num_draft']} on the first prompt: "
+           f"**{h['auto_parity']['median']:.3f}** (pairs: "
+           + ", ".join(f"{r:.3f}" for r in h["auto_parity"]["pairs"]) + ")"
+           if h.get("auto_parity") else "")
+        + ". The single rows above are one run each. Efficiency here uses the fastest of 7 "
+        "timings per q, not a fitted line; values above 1 mean the loop saw a cheaper verify "
+        "than that calibration did.", "",
         "| rollback | commit ms/round | verify ms/round | KiB kept per drafted position "
         "(here, measured) | KiB per round (state before it) | MiB per drafted position at "
         "Qwen3.6-27B size (computed from its dims) |",
