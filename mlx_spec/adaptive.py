@@ -294,10 +294,10 @@ class AdaptiveDraftLength:
         """A run of plain decoding took `seconds` for its `tokens` tokens, its first step
         included: it refines r0, plain decoding's own drift (kept apart from r: a calibration
         error between p and c must not leak from one side into the other). A whole run, not its
-        tokens one by one: where reading a step waits for the step built ahead of it (MLX on a
-        CPU), a run's first token arrives two steps in and its last one at once, so per-token
-        times of short runs (the plain probes while speculation is on) read ~(m − 2)/(m − 1)
-        of the real cost, and a 4-token probe made plain decoding look 1.5× cheaper."""
+        tokens one by one: where a step runs inside the call that builds it (MLX on a CPU), a
+        run's last token reads as free, so per-token times of short runs (the plain probes
+        while speculation is on) read ~(m − 2)/(m − 1) of the real cost, and a 4-token probe
+        made plain decoding look 1.5× cheaper."""
         if tokens <= 0:
             return
         keep = 0.9**tokens

@@ -81,12 +81,12 @@ def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler, 
     the next input. Tokens stay lazy on the device (no host sync at all: the verify pass reads
     them there); a repetition penalty reads the drafts so far there too."""
     history = ctx.tokens[-sampler.cfg.repetition_context :] if sampler.uses_history else []
+    seen = mx.array(history, dtype=mx.int32)  # the history, then each draft as it is drawn
     x, tokens, probs = first_input, [], []
     for _ in range(k):
-        seen = (mx.concatenate([mx.array(history, dtype=mx.int32)]
-                               + [t.reshape(1).astype(mx.int32) for t in tokens])
-                if tokens and sampler.uses_history else history)
-        token, q = sampler.draft_token(step(x), seen)
+        token, q = sampler.draft_token(step(x), seen if sampler.uses_history else [])
+        if sampler.uses_history:
+            seen = mx.concatenate([seen, token.reshape(1).astype(mx.int32)])
         tokens.append(token)
         if q is not None:
             probs.append(q)
