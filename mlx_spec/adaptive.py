@@ -23,9 +23,12 @@ Speculation goes off only when the evidence says so: while on, the on/off decisi
 shrinking as √(evidence)), so a handful of rejected rounds at the start of a turn does not
 switch it off. While off it reads the estimates themselves (hysteresis): one accepted probe
 would otherwise read its untried deeper positions as ~1 and switch on into rounds that lose.
-While it is off, every plain token ages the evidence as a round would, so what the drafter did
-on text long gone weighs less and less until speculation is tried again — acceptance follows
-the content, and a turn that starts where the last one was hopeless may be easy. A probe round
+Evidence ages with the text, not with the rounds: every emitted token, a round's or a plain
+one's, multiplies every position's evidence by `decay` (tested in that round or not), so what
+the drafter did ~1 / (1 − decay) tokens ago weighs little. Acceptance follows the content: a
+turn that starts where the last one was hopeless may be easy, and k climbs back within a few
+rounds, not dozens; while speculation is off, the evidence fades until it is tried again. A probe
+round
 also keeps α_1 and d measured while off: every `probe_every` rounds, or as rarely as keeps its
 loss against plain decoding within 1% (a probe on a tiny, overhead-bound target costs two plain
 tokens); ever less often where speculation could not pay even if every draft were accepted (a
@@ -119,7 +122,7 @@ class AdaptiveDraftLength:
 
     def __init__(self, verify_costs: Sequence[float], *, plain_cost: float | None = None,
                  draft_cost: float | None = None,
-                 prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.98,
+                 prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.94,
                  probe_every: int = 16, explore_every: int = 8, split_every: int = 8,
                  plain_every: int = 32, plain_probe: int = 4, optimism: float = 1.0,
                  probe_budget: float = 0.01):
@@ -286,9 +289,13 @@ class AdaptiveDraftLength:
                 self.timed[k] = m if t is None else 0.8 * t + 0.2 * m
         if k == 0:
             return
+        # evidence ages with the text, by the round's tokens, at every position, tested or
+        # not: a position the current k does not reach must not keep what it showed on text
+        # long gone (after a hard turn, an easy one would climb back one stale depth at a time)
+        self.age(n + 1)
         for i in range(min(k, n + 1)):  # position i was tested only if 1..i-1 were accepted
-            self.accepted[i] = self.decay * self.accepted[i] + (i < n)
-            self.seen[i] = self.decay * self.seen[i] + 1
+            self.accepted[i] += i < n
+            self.seen[i] += 1
 
     def observe_plain(self, seconds: float, tokens: int = 1) -> None:
         """A run of plain decoding took `seconds` for its `tokens` tokens, its first step
