@@ -39,7 +39,7 @@ def test_bench_runs_and_greedy_rows_agree(tmp_path):
     assert all(r["bytes_per_drafted_position"] > 0 for r in hybrid["rollback"].values())
     assert hybrid["parity"]["median"] > 0
     assert len(hybrid["auto_parity"]["pairs"]) == 1 and hybrid["auto_parity"]["median"] > 0
-    assert "mtp auto ÷ mtp k=2 on the first prompt" in (tmp_path / "BENCH.md").read_text()
+    assert "mtp auto ÷ mtp k=2 on the same prompts" in (tmp_path / "BENCH.md").read_text()
     # the published layouts' group (constructed pairs at the bench's width)
     assert {"gemma4 assistant: target-only T=0", "gemma4 assistant: ours k=3 T=0",
             "eagle3: target-only T=0", "eagle3: ours k=auto T=0"} <= names

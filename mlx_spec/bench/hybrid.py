@@ -108,14 +108,14 @@ def target_only_parity(wide: TargetModel, prompts, max_tokens: int, ours: Callab
                                             0)).tok_s, pairs)
 
 
-def auto_parity(wide: TargetModel, mtp, prompt: list[list[int]], k: int, ours: Callable,
+def auto_parity(wide: TargetModel, mtp, prompts: list[list[int]], k: int, ours: Callable,
                 pairs: int) -> dict:
-    """auto ÷ fixed k with the same MTP head on one prompt, ABBA (the single rows cannot
-    settle a few per cent; each side is a fresh engine, as a row is)."""
+    """auto ÷ fixed k with the same MTP head on the rows' prompts, ABBA (the single rows
+    cannot settle a few per cent; each side is a fresh engine, as a row is)."""
     from .parity import abba
 
     def rate(num_draft) -> float:
-        return ours(wide, mtp, num_draft, "parity", "mtp", "f32-hybrid", 0.0, 1.0, prompt).tok_s
+        return ours(wide, mtp, num_draft, "parity", "mtp", "f32-hybrid", 0.0, 1.0, prompts).tok_s
 
     return abba(lambda: rate("auto"), lambda: rate(k), pairs)
 
@@ -173,7 +173,7 @@ def hybrid_rows(cfg, prompts: list[list[int]], ours: Callable, run_mlx_lm: Calla
     parity = target_only_parity(wide, prompts, cfg.max_tokens, ours, run_mlx_lm, make_row)
     log(f"hybrid target-only ÷ mlx-lm generate_step, median of ABBA pairs: "
         f"{parity['median']:.3f} ({' '.join(f'{r:.3f}' for r in parity['pairs'])})")
-    auto = auto_parity(wide, mtp, prompts[:1], k, ours, cfg.parity_pairs)
+    auto = auto_parity(wide, mtp, prompts, k, ours, cfg.parity_pairs)
     log(f"hybrid mtp auto ÷ k={k}, median of ABBA pairs: "
         f"{auto['median']:.3f} ({' '.join(f'{r:.3f}' for r in auto['pairs'])})")
     info = {"params": n_params, "parity": parity, "auto_parity": auto, "num_draft": k,
