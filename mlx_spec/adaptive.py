@@ -27,14 +27,13 @@ Evidence ages with the text, not with the rounds: every emitted token, a round's
 one's, multiplies every position's evidence by `decay` (tested in that round or not), so what
 the drafter did ~1 / (1 − decay) tokens ago weighs little. Acceptance follows the content: a
 turn that starts where the last one was hopeless may be easy, and k climbs back within a few
-rounds, not dozens; while speculation is off, the evidence fades until it is tried again. A probe
-round
-also keeps α_1 and d measured while off: every `probe_every` rounds, or as rarely as keeps its
-loss against plain decoding within 1% (a probe on a tiny, overhead-bound target costs two plain
-tokens); ever less often where speculation could not pay even if every draft were accepted (a
-cost-bound target). While on,
-every `explore_every` rounds (every other one in the first 16) one draft more than the best is
-tried, so positions beyond the current choice get measured too. A drafter's catch-up over a
+rounds, not dozens; while speculation is off, the evidence fades until it is tried again. A
+probe round also keeps α_1 and d measured while off: every `probe_every` rounds, or as rarely
+as keeps its loss against plain decoding within 1% (a probe on a tiny, overhead-bound target
+costs two plain tokens); ever less often where speculation could not pay even if every draft
+were accepted (a cost-bound target). While on, every `explore_every` rounds (every other one in
+the first 16) one draft more than the best is tried, so positions beyond the current choice get
+measured too. A drafter's catch-up over a
 new prompt is not charged as per-token drafting cost (rounds that fed it more than k_max + 1
 tokens are left out of d). A round timed in parts pays a sync the fused ones do not: it refines
 d and r, never o or a measured T(k).

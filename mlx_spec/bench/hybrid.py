@@ -24,6 +24,7 @@ from ..drafters.mtp import nextn_drafter
 from ..model import TargetModel
 from ..recurrent import rollback_strategy
 from ..train.modeldir import build_model
+from .parity import describe
 from .widen import parameter_count, widen_hybrid, widen_nextn
 
 SMALL = dict(model_type="qwen3_5", tie_word_embeddings=False, text_config=dict(
@@ -171,11 +172,9 @@ def hybrid_rows(cfg, prompts: list[list[int]], ours: Callable, run_mlx_lm: Calla
         log(f"rollback {strategy}: commit {row.commit_ms_per_pass:.2f} ms/round, "
             f"{per_pos / 1024:.1f} KiB per drafted position here")
     parity = target_only_parity(wide, prompts, cfg.max_tokens, ours, run_mlx_lm, make_row)
-    log(f"hybrid target-only ÷ mlx-lm generate_step, median of ABBA pairs: "
-        f"{parity['median']:.3f} ({' '.join(f'{r:.3f}' for r in parity['pairs'])})")
+    log(f"hybrid target-only ÷ mlx-lm generate_step, median of ABBA pairs: {describe(parity)}")
     auto = auto_parity(wide, mtp, prompts, k, ours, cfg.parity_pairs)
-    log(f"hybrid mtp auto ÷ k={k}, median of ABBA pairs: "
-        f"{auto['median']:.3f} ({' '.join(f'{r:.3f}' for r in auto['pairs'])})")
+    log(f"hybrid mtp auto ÷ k={k}, median of ABBA pairs: {describe(auto)}")
     info = {"params": n_params, "parity": parity, "auto_parity": auto, "num_draft": k,
             "noise": cfg.hybrid_noise, "rollback": rollback,
             "verify_cost_ratio": [c / costs[0] for c in costs], "costs": costs}

@@ -248,7 +248,7 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
         base = group[0].tok_s
         if top_p == 1.0:
             group.append(mlx_lm(wide, temp))
-            one = prompts[:1]  # the same loop on any prompt: twice the pairs instead
+            one = prompts[:1]  # target-only costs the same on any prompt: one, twice the pairs
             parity[f"target-only ÷ mlx-lm generate_step {tag}"] = abba(
                 lambda t=temp, o=one: ours(wide, None, 1, "parity", "none", "f32", t, 1.0,
                                            o).tok_s,

@@ -80,11 +80,12 @@ def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler, 
     """k autoregressive draft steps: step(input) -> next-token logits [V]; each sampled token is
     the next input. Tokens stay lazy on the device (no host sync at all: the verify pass reads
     them there); a repetition penalty reads the drafts so far there too."""
-    history = ctx.tokens[-sampler.cfg.repetition_context :] if sampler.uses_history else []
-    seen = mx.array(history, dtype=mx.int32)  # the history, then each draft as it is drawn
+    # what a penalty reads: the history, then each draft as it is drawn (nothing without one)
+    seen = (mx.array(ctx.tokens[-sampler.cfg.repetition_context :], dtype=mx.int32)
+            if sampler.uses_history else [])
     x, tokens, probs = first_input, [], []
     for _ in range(k):
-        token, q = sampler.draft_token(step(x), seen if sampler.uses_history else [])
+        token, q = sampler.draft_token(step(x), seen)
         if sampler.uses_history:
             seen = mx.concatenate([seen, token.reshape(1).astype(mx.int32)])
         tokens.append(token)
