@@ -7,36 +7,41 @@ drafter's cost per drafted token, c(q) the target's cost to verify q tokens as c
 and r how much slower verification has become since (it grows with the context). All three of
 o, d and r are fitted online from the rounds themselves: d and r from the rounds the engine
 times in parts (every few; the others run draft and verify as one device graph with one host
-sync, and only refine o, the residual). A k the rounds have timed costs its own measured round
-time (times r), and the model is scaled to it at the k next to it. T(0) = r0·p: p plain
-decoding's cost (pipelined as mlx-lm does) calibrated beside c(q), r0 its own drift, refined by
-whole plain runs (first step included) and, while speculation is on, by short plain probes
-(rarer while it leads by far).
+sync, and only refine o, the residual). Once fused rounds have run, T(k) is r times a line
+a + b·k through their times (least squares with forgetting), its slope shrunk toward the
+model's d/r + c': one line through every round, not a mean per k, which read a k tried twice as
+whatever those two timings were (on this noisy host it sent k to 4 or 5 where position 4 never
+paid). T(0) = r0·p: p plain decoding's cost (pipelined as mlx-lm does) calibrated beside c(q),
+r0 its own drift, refined by whole plain runs (first step included) and, while speculation is
+on, by short plain probes, as rare as keeps their loss within 1% of the time between them.
 We pick argmax_k E(k)/T(k), with k = 0 (E = 1) whenever speculation cannot pay — e.g. a
 quantized target on a CPU, where c(q) grows linearly in q.
 
 What it has not tried it estimates, rather than assuming: α_1 is shrunk toward a prior, and each
 deeper α_i toward the estimate of the position before it, so an untried position starts where
-its neighbour is (a good drafter's deep positions look good until measured otherwise).
+its neighbour is (a good drafter's deep positions look good until measured otherwise). That
+shrinkage weighs half a round: one rejection at a position whose neighbour reads 0.97 leaves
+it at ~0.3, where a weight of 2 left it at 0.65 and the next round tried it again.
 Speculation goes off only when the evidence says so: while on, the on/off decision reads each
 α_i at the upper end of its uncertainty (one standard error above the estimate, the error
 shrinking as √(evidence)), so a handful of rejected rounds at the start of a turn does not
 switch it off. While off it reads the estimates themselves (hysteresis): one accepted probe
 would otherwise read its untried deeper positions as ~1 and switch on into rounds that lose.
+
 Evidence ages with the text, not with the rounds: every emitted token, a round's or a plain
 one's, multiplies every position's evidence by `decay` (tested in that round or not), so what
-the drafter did ~1 / (1 − decay) tokens ago weighs little. Acceptance follows the content: a
-turn that starts where the last one was hopeless may be easy, and k climbs back within a few
-rounds, not dozens; while speculation is off, the evidence fades until it is tried again. A
-probe round also keeps α_1 and d measured while off: every `probe_every` rounds, or as rarely
-as keeps its loss against plain decoding within 1% (a probe on a tiny, overhead-bound target
-costs two plain tokens); ever less often where speculation could not pay even if every draft
-were accepted (a cost-bound target). While on, every `explore_every` rounds (every other one in
-the first 16) one draft more than the best is tried, so positions beyond the current choice get
-measured too. A drafter's catch-up over a
-new prompt is not charged as per-token drafting cost (rounds that fed it more than k_max + 1
-tokens are left out of d). A round timed in parts pays a sync the fused ones do not: it refines
-d and r, never o or a measured T(k).
+the drafter did ~1 / (1 − decay) tokens ago weighs little, and while speculation is off the
+evidence fades until it is tried again. A new turn (a new prompt) is a change of text: it keeps
+`carry` of the evidence before it, so a turn that starts where the last one was hopeless
+climbs back within a few rounds, and where speculation was off it opens with a probe round.
+Probes keep α_1 and d measured while off: every `probe_every` rounds, or as rarely as keeps a
+probe's loss against plain decoding within 1% (a probe on a tiny, overhead-bound target costs
+two plain tokens); ever less often where speculation could not pay even if every draft were
+accepted (a cost-bound target). While on, every `explore_every` rounds (every other one in the
+first 16) one draft more than the best is tried, so positions beyond the current choice get
+measured too. A drafter's catch-up over a new prompt is not charged as per-token drafting cost
+(rounds that fed it more than k_max + 1 tokens are left out of d). A round timed in parts pays
+a sync the fused ones do not: it refines d and r, never o or the fitted line.
 """
 
 from __future__ import annotations
@@ -121,50 +126,58 @@ class AdaptiveDraftLength:
 
     def __init__(self, verify_costs: Sequence[float], *, plain_cost: float | None = None,
                  draft_cost: float | None = None,
-                 prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.94,
-                 probe_every: int = 16, explore_every: int = 8, split_every: int = 8,
-                 plain_every: int = 32, plain_probe: int = 4, optimism: float = 1.0,
-                 probe_budget: float = 0.01):
+                 prior: float = 0.6, prior_weight: float = 2.0, depth_weight: float = 0.5,
+                 decay: float = 0.96,
+                 carry: float = 0.3, probe_every: int = 16, explore_every: int = 8,
+                 split_every: int = 8, plain_every: int = 32, plain_probe: int = 4,
+                 optimism: float = 1.0, probe_budget: float = 0.01, fit_keep: float = 0.97,
+                 slope_weight: float = 4.0):
         self.costs = tuple(verify_costs)
         self.k_max = len(self.costs) - 1
         # α_i as (accepted, seen) with exponential forgetting; priors enter in alphas()
         self.accepted = [0.0] * self.k_max
         self.seen = [0.0] * self.k_max
-        self.prior, self.prior_weight = prior, prior_weight
+        self.prior, self.prior_weight, self.depth_weight = prior, prior_weight, depth_weight
         self.optimism = optimism  # standard errors added to each α for the on/off decision
         self.draft_cost = draft_cost if draft_cost is not None else 0.1 * self.costs[0]
         self.overhead = 0.0  # o: seconds per round outside drafting and verifying
-        self.timed: list[float | None] = [None] * (self.k_max + 1)  # measured T(k) at r = 1
+        # the fused rounds' times at r = 1 against k, forgetting `fit_keep` per round: the sums
+        # Σw, Σw·k, Σw·k², Σw·t, Σw·k·t of a weighted least-squares line (see fitted_line)
+        self.fit = [0.0] * 5
+        self.fit_keep, self.slope_weight = fit_keep, slope_weight
         # p: plain decoding's calibrated seconds per token; pipelined, it cannot cost more than
         # a synced one-token pass, so a timing disturbed upward is capped at c(1)
         self.plain_cost = min(plain_cost or self.costs[0], self.costs[0])
         self.slowdown = 1.0  # r: measured verify time / calibrated c(k+1)
         self.plain_drift = 1.0  # r0: measured plain token time / calibrated p
         self.plain_left = 0  # tokens left of a plain probe (see choose)
-        self.decay, self.probe_every, self.explore_every = decay, probe_every, explore_every
+        self.decay, self.carry = decay, carry
+        self.probe_every, self.explore_every = probe_every, explore_every
         self.rounds_off = self.rounds_on = self.rounds_drafted = 0
         self.on = True  # speculating (see choose: the on/off decision has hysteresis)
         self.split_every = split_every
         self.plain_every, self.plain_probe = plain_every, plain_probe
         self.plain_gap, self.since_plain = plain_every, 0  # rounds between plain probes
         self.probe_gap = probe_every  # rounds between probes while off (see choose)
-        self.probe_budget = probe_budget  # a probe's loss, as a share of the plain tokens
+        self.probe_budget = probe_budget  # a probe's loss, as a share of the time between
 
     def alphas(self) -> list[float]:
-        """Each α_i shrunk toward the estimate before it (α_1 toward the prior)."""
+        """α_1 shrunk toward the prior (weight `prior_weight`, in rounds), each deeper α_i toward
+        the estimate before it (weight `depth_weight`)."""
         out, mean = [], self.prior
-        w = self.prior_weight
-        for a, s in zip(self.accepted, self.seen, strict=True):
+        for a, s, w in zip(self.accepted, self.seen, self._weights(), strict=True):
             mean = (a + w * mean) / (s + w)
             out.append(mean)
         return out
 
     def optimistic(self, alphas: list[float]) -> list[float]:
         """Each α_i (as alphas() gives them) one `optimism` standard error higher:
-        √(α(1 − α)/n), n its evidence (what it has seen, plus the prior's weight)."""
-        w = self.prior_weight
+        √(α(1 − α)/n), n its evidence (what it has seen, plus its shrinkage's weight)."""
         return [min(1.0, a + self.optimism * (a * (1 - a) / (s + w)) ** 0.5)
-                for a, s in zip(alphas, self.seen, strict=True)]
+                for a, s, w in zip(alphas, self.seen, self._weights(), strict=True)]
+
+    def _weights(self) -> list[float]:
+        return [self.prior_weight] + [self.depth_weight] * (self.k_max - 1)
 
     def expected_tokens(self, k: int) -> float:
         return self._expected(self.alphas())[k]
@@ -184,18 +197,28 @@ class AdaptiveDraftLength:
         return max(self.overhead + k * self.draft_cost + self.slowdown * self.costs[k], 1e-6)
 
     def round_cost(self, k: int) -> float:
-        """T(k): plain decoding's r0·p for k = 0; a k the rounds have timed, its own measured
-        time (at r = 1) times r; any other k the model, scaled by how far the model was off
-        at the nearest timed k — the calibrated line's slope need not match the loop's."""
+        """T(k): plain decoding's r0·p for k = 0; else r times the line fitted to the fused
+        rounds (the model itself until one has run)."""
         if k == 0:
             return self.plain_drift * self.plain_cost
-        if self.timed[k] is not None:
-            return self.slowdown * self.timed[k]
-        near = min((j for j in range(1, self.k_max + 1) if self.timed[j] is not None),
-                   key=lambda j: abs(j - k), default=None)
-        if near is None:
+        if self.fit[0] <= 0.0:
             return self.model_cost(k)
-        return self.model_cost(k) * self.slowdown * self.timed[near] / self.model_cost(near)
+        a, b = self.fitted_line()
+        return max(self.slowdown * (a + b * k), 1e-6)
+
+    def fitted_line(self) -> tuple[float, float]:
+        """(a, b) of T(k)/r = a + b·k: least squares over the fused rounds' times, the slope
+        shrunk toward the model's b0 = d/r + c' (c' the calibrated line's slope) with weight
+        `slope_weight` (that many rounds one k apart). Rounds all at one k fix the level and
+        keep the model's slope (the calibrated one need not match the loop's); rounds at other
+        k (exploration, turn ends, climbs) correct it."""
+        w, sk, skk, st, skt = self.fit
+        kbar, tbar = sk / w, st / w
+        spread, cov = skk - w * kbar**2, skt - w * kbar * tbar  # Σw(k − k̄)², Σw(k − k̄)(t − t̄)
+        b0 = self.draft_cost / self.slowdown + (self.costs[-1] - self.costs[1]) / max(
+            self.k_max - 1, 1)
+        b = max((cov + self.slope_weight * b0) / (spread + self.slope_weight), 0.0)
+        return tbar - b * kbar, b
 
     def rate(self, k: int) -> float:
         """Expected tokens per second with k drafts."""
@@ -221,7 +244,7 @@ class AdaptiveDraftLength:
                 # tokens' worth) under `probe_budget` of the plain tokens between probes
                 self.rounds_off = 0
                 most = 64 * self.probe_every
-                if all((k + 1) / cost[k] <= 1 / cost[0] for k in range(1, top + 1)):
+                if self._cost_bound(cost):
                     self.probe_gap = min(2 * self.probe_gap, most)
                 else:
                     loss = max(0.0, cost[1] / cost[0] - expected[1])
@@ -237,19 +260,20 @@ class AdaptiveDraftLength:
         self.on = True
         if self.rounds_off or self.probe_gap != self.probe_every:
             self.rounds_off, self.probe_gap = 0, self.probe_every  # on again: probes reset
-            self.plain_gap = self.plain_every
         if self.plain_left:
             self.plain_left -= 1
             return 0
         self.rounds_on += 1
         self.since_plain += 1
+        # plain probe: measure what k = 0 costs now. Its tokens come at plain decoding's rate:
+        # m of them lose m·T(0)·(1 − 1/lead) against speculating, so they wait as many rounds
+        # as keep that within `probe_budget` of the time between probes (where speculation
+        # leads by far, a drift in r0 could not flip the choice anyway)
+        lead = expected[best] / cost[best] * cost[0]
+        loss = self.plain_probe * cost[0] * max(0.0, 1 - 1 / lead)
+        self.plain_gap = min(max(self.plain_every, math.ceil(
+            loss / (self.probe_budget * cost[best]))), 64 * self.plain_every)
         if self.since_plain >= self.plain_gap:
-            # plain probe: measure what k = 0 costs now. Its tokens come at plain decoding's
-            # rate, so while speculation leads by far (> 1.5×), where a drift in r0 cannot
-            # flip the choice, each probe doubles the wait for the next (up to 8×)
-            lead = expected[best] / cost[best] * cost[0]
-            self.plain_gap = (min(2 * self.plain_gap, 8 * self.plain_every) if lead > 1.5
-                              else self.plain_every)
             self.since_plain = 0
             self.plain_left = self.plain_probe - 1
             return 0
@@ -272,7 +296,7 @@ class AdaptiveDraftLength:
         """A round drafted k tokens, the target accepted n; its timings, and how many tokens
         the drafter was fed before drafting (its catch-up). A round that ran draft and verify
         as one device graph (one host sync) has only its round time: then draft_seconds and
-        verify_seconds are None, and it refines the fixed cost o alone."""
+        verify_seconds are None, and it refines the fixed cost o and the fitted line."""
         if verify_seconds is not None and verify_seconds > 0:
             ratio = verify_seconds / self.costs[k]
             self.slowdown = 0.9 * self.slowdown + 0.1 * ratio
@@ -284,8 +308,9 @@ class AdaptiveDraftLength:
             rest = round_seconds - k * self.draft_cost - self.slowdown * self.costs[k]
             self.overhead = 0.9 * self.overhead + 0.1 * rest
             if k:
-                t, m = self.timed[k], round_seconds / self.slowdown
-                self.timed[k] = m if t is None else 0.8 * t + 0.2 * m
+                t = round_seconds / self.slowdown
+                self.fit = [self.fit_keep * f + x
+                            for f, x in zip(self.fit, (1.0, k, k * k, t, k * t), strict=True)]
         if k == 0:
             return
         # evidence ages with the text, by the round's tokens, at every position, tested or
@@ -308,6 +333,22 @@ class AdaptiveDraftLength:
             return
         keep = 0.9**tokens
         self.plain_drift = keep * self.plain_drift + (1 - keep) * seconds / tokens / self.plain_cost
+
+    def new_turn(self) -> None:
+        """A new prompt: keep `carry` of the acceptance evidence (what the drafter did on the
+        last turn's text says less about this one's), and where speculation was off, probe
+        this turn's text at once — unless it could not pay even if every draft were accepted
+        (there the probes keep spacing out)."""
+        self.accepted = [self.carry * a for a in self.accepted]
+        self.seen = [self.carry * s for s in self.seen]
+        if not self.on and not self._cost_bound([self.round_cost(k)
+                                                 for k in range(self.k_max + 1)]):
+            self.rounds_off = self.probe_gap
+
+    @staticmethod
+    def _cost_bound(cost: Sequence[float]) -> bool:
+        """No k pays even if every draft is accepted: (k + 1) / T(k) <= 1 / T(0) for all k."""
+        return all((k + 1) / cost[k] <= 1 / cost[0] for k in range(1, len(cost)))
 
     def age(self, tokens: int = 1) -> None:
         """Plain tokens age the acceptance evidence as rounds do: while speculation is off,

@@ -341,6 +341,8 @@ class Engine:
         sampler = Sampler(sampling or SamplingConfig())
         k_max = self.num_draft
         policy = self._last_policy = self._policy(sampler.cfg.greedy)
+        if policy is not None:
+            policy.new_turn()  # a new prompt: the last turn's acceptance says less about it
         eos = set() if ignore_eos else self.eos
         decoder = IncrementalDecoder(self.tokenizer)
         mx.reset_peak_memory()
