@@ -17,11 +17,13 @@ on, by short plain probes, as rare as keeps their loss within 1% of the time bet
 We pick argmax_k E(k)/T(k), with k = 0 (E = 1) whenever speculation cannot pay — e.g. a
 quantized target on a CPU, where c(q) grows linearly in q.
 
-What it has not tried it estimates, rather than assuming: α_1 is shrunk toward a prior, and each
-deeper α_i toward the estimate of the position before it, so an untried position starts where
-its neighbour is (a good drafter's deep positions look good until measured otherwise). That
-shrinkage weighs half a round: one rejection at a position whose neighbour reads 0.97 leaves
-it at ~0.3, where a weight of 2 left it at 0.65 and the next round tried it again.
+What it has not tried it estimates, rather than assuming: α_1 is shrunk toward the drafter's
+long-run record (rounds older than α_1's own evidence, forgetting 1% per round; itself shrunk
+toward a prior), and each deeper α_i toward the estimate of the position before it, so an
+untried position starts where its neighbour is (a good drafter's deep positions look good
+until measured otherwise). That shrinkage weighs half a round: one rejection at a position
+whose neighbour reads 0.97 leaves it at ~0.3, where a weight of 2 left it at 0.65 and the next
+round tried it again.
 Speculation goes off only when the evidence says so: while on, the on/off decision reads each
 α_i at the upper end of its uncertainty (one standard error above the estimate, the error
 shrinking as √(evidence)), so a handful of rejected rounds at the start of a turn does not
@@ -30,8 +32,10 @@ would otherwise read its untried deeper positions as ~1 and switch on into round
 
 Evidence ages with the text, not with the rounds: every emitted token, a round's or a plain
 one's, multiplies every position's evidence by `decay` (tested in that round or not), so what
-the drafter did ~1 / (1 − decay) tokens ago weighs little, and while speculation is off the
-evidence fades until it is tried again. A new turn (a new prompt) is a change of text: it keeps
+the drafter did ~1 / (1 − decay) tokens ago weighs little. While speculation is off, evidence
+fades back to the drafter's record, not to the prior: fading toward 0.6 switched a hopeless
+drafter back on every ~16 tokens for a few losing rounds (~5% of plain speed); now probes bring
+a drafter back when the text changes. A new turn (a new prompt) is a change of text: it keeps
 `carry` of the evidence before it, so a turn that starts where the last one was hopeless
 climbs back within a few rounds, and where speculation was off it opens with a probe round.
 Probes keep α_1 and d measured while off: every `probe_every` rounds, or as rarely as keeps a
@@ -131,13 +135,14 @@ class AdaptiveDraftLength:
                  carry: float = 0.3, probe_every: int = 16, explore_every: int = 8,
                  split_every: int = 8, plain_every: int = 32, plain_probe: int = 4,
                  optimism: float = 1.0, probe_budget: float = 0.01, fit_keep: float = 0.97,
-                 slope_weight: float = 4.0):
+                 slope_weight: float = 4.0, long_keep: float = 0.99):
         self.costs = tuple(verify_costs)
         self.k_max = len(self.costs) - 1
         # α_i as (accepted, seen) with exponential forgetting; priors enter in alphas()
         self.accepted = [0.0] * self.k_max
         self.seen = [0.0] * self.k_max
         self.prior, self.prior_weight, self.depth_weight = prior, prior_weight, depth_weight
+        self.long, self.long_keep = (0.0, 0.0), long_keep  # α_1's long-run (accepted, seen)
         self.optimism = optimism  # standard errors added to each α for the on/off decision
         self.draft_cost = draft_cost if draft_cost is not None else 0.1 * self.costs[0]
         self.overhead = 0.0  # o: seconds per round outside drafting and verifying
@@ -162,13 +167,21 @@ class AdaptiveDraftLength:
         self.probe_budget = probe_budget  # a probe's loss, as a share of the time between
 
     def alphas(self) -> list[float]:
-        """α_1 shrunk toward the prior (weight `prior_weight`, in rounds), each deeper α_i toward
-        the estimate before it (weight `depth_weight`)."""
-        out, mean = [], self.prior
+        """α_1 shrunk toward baseline() (weight `prior_weight`, in rounds), each deeper α_i
+        toward the estimate before it (weight `depth_weight`)."""
+        out, mean = [], self.baseline()
         for a, s, w in zip(self.accepted, self.seen, self._weights(), strict=True):
             mean = (a + w * mean) / (s + w)
             out.append(mean)
         return out
+
+    def baseline(self) -> float:
+        """What α_1 falls back to as its evidence fades: the drafter's long-run first-draft
+        acceptance (forgetting `long_keep` per tested round) less what α_1's own evidence
+        already holds (no round counted twice), shrunk toward the prior."""
+        a = max(self.long[0] - self.accepted[0], 0.0)
+        s = max(self.long[1] - self.seen[0], a)
+        return (a + self.prior_weight * self.prior) / (s + self.prior_weight)
 
     def optimistic(self, alphas: list[float]) -> list[float]:
         """Each α_i (as alphas() gives them) one `optimism` standard error higher:
@@ -317,6 +330,8 @@ class AdaptiveDraftLength:
         # not: a position the current k does not reach must not keep what it showed on text
         # long gone (after a hard turn, an easy one would climb back one stale depth at a time)
         self.age(n + 1)
+        a, s = self.long
+        self.long = (self.long_keep * a + (n > 0), self.long_keep * s + 1)
         for i in range(min(k, n + 1)):  # position i was tested only if 1..i-1 were accepted
             self.accepted[i] += i < n
             self.seen[i] += 1

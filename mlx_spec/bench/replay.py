@@ -1,0 +1,127 @@
+"""Replaying the draft-length policy on recorded acceptance: k choices judged without a clock.
+
+At T = 0 which drafts the target accepts is a function of the committed text alone: from
+committed position t, a greedy drafter proposes the same tokens whatever k the rounds before
+chose (its caches hold the committed sequence, semantics 2), and the target keeps the longest
+prefix equal to its own greedy continuation. So one number per position, the run length L(t)
+(how many of `depth` drafts from t are accepted), decides every round: k drafts from t emit
+min(L(t), k) + 1 tokens. `record` measures L on a real engine; `replay` plays a policy (or a
+fixed k) over those tables against a round-cost model, with seeded timing noise, feeding the
+policy what the engine would (round times, split timings, plain runs, a new turn per prompt).
+Rates are in tokens per simulated second, deterministic for a seed: a ratio between two
+replays says which choice of k is better on this text and these costs, never how fast a
+machine is (`mlx-spec bench` measures that).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from ..adaptive import AdaptiveDraftLength
+from ..engine import Engine
+from ..events import TurnEnd
+from ..sampling import Sampler, SamplingConfig
+
+
+def record(engine: Engine, prompt: list[int], tokens: int, *, depth: int = 8) -> list[int]:
+    """L(t) for t < tokens: the target's greedy continuation of `prompt`, then, from each
+    committed prefix, how many of `depth` greedy drafts equal it (one prefill per position:
+    slow, a tool's cost, not a test's)."""
+    engine.reset()
+    end = list(engine.generate(prompt, max_tokens=tokens + depth, ignore_eos=True))[-1]
+    assert isinstance(end, TurnEnd)
+    out, sampler = list(end.tokens), Sampler(SamplingConfig())
+    runs = []
+    for t in range(tokens):
+        engine.reset()
+        engine.prefill(prompt + out[:t])
+        drafts = engine.draft(depth, sampler).tokens.tolist()
+        n = 0
+        while n < depth and drafts[n] == out[t + n]:
+            n += 1
+        runs.append(n)
+    return runs
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """Seconds: a plain token; a round with k drafts = overhead + k·draft + verify[k]
+    (verify[k]: the target's pass over k + 1 tokens)."""
+
+    plain: float
+    verify: tuple[float, ...]
+    draft: float
+    overhead: float = 0.0
+
+    def round(self, k: int) -> float:
+        return self.plain if k == 0 else self.overhead + k * self.draft + self.verify[k]
+
+
+def replay(tables: list[list[int]], costs: RoundCosts, num_draft: int | str, *,
+           noise: float = 0.05, seed: int = 0, **policy_options) -> list[float]:
+    """Tokens per simulated second on each table in turn (one conversation: an `auto` policy
+    carries over from prompt to prompt, as in the bench), each rate timed as the bench times
+    one: (tokens − 1) / (last arrival − first). Every timing is multiplied by exp(N(0, noise))."""
+    rng = random.Random(seed)
+    policy = None
+    if num_draft == "auto":
+        policy = AdaptiveDraftLength(costs.verify, plain_cost=costs.plain,
+                                     **policy_options)
+    fixed = 0 if num_draft == "auto" else int(num_draft)
+    return [_turn(runs, costs, policy, fixed, rng, noise) for runs in tables]
+
+
+def _turn(runs: list[int], costs: RoundCosts, policy: AdaptiveDraftLength | None, fixed: int,
+          rng: random.Random, noise: float) -> float:
+    """One prompt's turn, as Engine.generate drives the policy."""
+    def jitter(seconds: float) -> float:
+        return seconds * math.exp(rng.gauss(0.0, noise))
+
+    def choose(ahead: int = 0) -> int:
+        left = len(runs) - len(arrivals) - ahead
+        if left <= 0:
+            return -1
+        if left == 1:
+            return 0
+        return policy.choose(left - 1) if policy is not None else min(fixed, left - 1)
+
+    if policy is not None:
+        policy.new_turn()
+    t, now, fed, planned = 0, 0.0, len(runs), None  # a new prompt: the drafter catches up
+    arrivals: list[float] = []
+    while True:
+        k = planned if planned is not None else choose()
+        planned = None
+        if k < 0:
+            break
+        if k == 0:  # a plain run, until the policy asks for something else
+            run_s, n = 0.0, 0
+            while True:
+                after = choose(ahead=1)
+                step = jitter(costs.plain)
+                now, run_s, n, t, fed = now + step, run_s + step, n + 1, t + 1, fed + 1
+                arrivals.append(now)
+                if policy is not None:
+                    policy.age()
+                if after != 0:
+                    planned = after
+                    break
+            if policy is not None:
+                policy.observe_plain(run_s, n)
+            continue
+        split = policy is not None and policy.split()
+        accepted = min(runs[t], k)
+        emitted = min(accepted + 1, len(runs) - len(arrivals))
+        seconds = jitter(costs.round(k))
+        now += seconds
+        if policy is not None:
+            policy.observe(k, accepted, jitter(k * costs.draft) if split else None,
+                           verify_seconds=jitter(costs.verify[k]) if split else None,
+                           round_seconds=seconds, fed=fed)
+        fed = accepted + 1
+        arrivals += [now] * emitted
+        t += emitted
+    return (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) if arrivals[-1] > arrivals[0] \
+        else 0.0
