@@ -212,12 +212,15 @@ class AdaptiveDraftLength:
     def round_cost(self, k: int) -> float:
         """T(k): plain decoding's r0·p for k = 0; else r times the line fitted to the fused
         rounds (the model itself until one has run)."""
-        if k == 0:
-            return self.plain_drift * self.plain_cost
+        return self.round_costs(k)[k]
+
+    def round_costs(self, top: int) -> list[float]:
+        """T(k) for k = 0..top, the line solved once."""
+        plain = self.plain_drift * self.plain_cost
         if self.fit[0] <= 0.0:
-            return self.model_cost(k)
+            return [plain] + [self.model_cost(k) for k in range(1, top + 1)]
         a, b = self.fitted_line()
-        return max(self.slowdown * (a + b * k), 1e-6)
+        return [plain] + [max(self.slowdown * (a + b * k), 1e-6) for k in range(1, top + 1)]
 
     def fitted_line(self) -> tuple[float, float]:
         """(a, b) of T(k)/r = a + b·k: least squares over the fused rounds' times, the slope
@@ -239,7 +242,7 @@ class AdaptiveDraftLength:
 
     def choose(self, limit: int | None = None) -> int:
         top = self.k_max if limit is None else min(self.k_max, limit)
-        cost = [self.round_cost(k) for k in range(top + 1)]
+        cost = self.round_costs(top)
         alphas = self.alphas()
         expected = self._expected(alphas)
         # hysteresis: staying on reads each α one standard error high (a few rejections are
@@ -356,8 +359,7 @@ class AdaptiveDraftLength:
         (there the probes keep spacing out)."""
         self.accepted = [self.carry * a for a in self.accepted]
         self.seen = [self.carry * s for s in self.seen]
-        if not self.on and not self._cost_bound([self.round_cost(k)
-                                                 for k in range(self.k_max + 1)]):
+        if not self.on and not self._cost_bound(self.round_costs(self.k_max)):
             self.rounds_off = self.probe_gap
 
     @staticmethod

@@ -123,5 +123,5 @@ def _turn(runs: list[int], costs: RoundCosts, policy: AdaptiveDraftLength | None
         fed = accepted + 1
         arrivals += [now] * emitted
         t += emitted
-    return (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) if arrivals[-1] > arrivals[0] \
-        else 0.0
+    span = arrivals[-1] - arrivals[0]
+    return (len(arrivals) - 1) / span if span > 0 else 0.0
