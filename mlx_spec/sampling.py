@@ -101,44 +101,65 @@ CANDIDATES = 1024  # top-p looks among this many most likely tokens first (exact
 
 def tempered(logits: mx.array, cfg: SamplingConfig) -> mx.array:
     """(Already penalized) logits [n, V] scaled by 1/T, off the top k masked to -inf: their
-    softmax is the sampled distribution whenever neither top-p nor min-p is on."""
-    return _tempered(logits, cfg)[0]
+    softmax is the sampled distribution whenever neither top-p nor min-p is on. Ties with the
+    k-th largest stay in."""
+    scaled = logits.astype(mx.float32) / cfg.temperature
+    if not 0 < cfg.top_k < scaled.shape[-1]:
+        return scaled
+    kth = _top_k(scaled, cfg.top_k)[0].min(axis=-1, keepdims=True)
+    return mx.where(scaled < kth, -mx.inf, scaled)
 
 
-def _tempered(logits: mx.array, cfg: SamplingConfig) -> tuple[mx.array, mx.array | None]:
-    """tempered(), and where top-k is on the indices [n, k] of each row's k largest, found by
-    one partial selection (no sort); ties with the k-th stay in, as the mask keeps them."""
-    logits = logits.astype(mx.float32) / cfg.temperature
-    vocab = logits.shape[-1]
-    if not cfg.top_k or cfg.top_k >= vocab:
-        return logits, None
-    top = mx.argpartition(logits, kth=vocab - cfg.top_k, axis=-1)[..., vocab - cfg.top_k :]
-    kth = mx.take_along_axis(logits, top, axis=-1).min(axis=-1, keepdims=True)
-    return mx.where(logits < kth, -mx.inf, logits), top
+def _top_k(scaled: mx.array, k: int) -> tuple[mx.array, mx.array, mx.array]:
+    """Each row's k largest of scaled [n, V] by one partial selection (no sort): (values [n, k],
+    their indices [n, k], exact). exact is a lazy flag, false where some row has a token outside
+    them tied with its k-th largest: the top-k rule keeps ties, so that row needs the mask."""
+    vocab = scaled.shape[-1]
+    top = mx.argpartition(scaled, kth=vocab - k, axis=-1)[..., vocab - k :]
+    values = mx.take_along_axis(scaled, top, axis=-1)
+    kept = (scaled >= values.min(axis=-1, keepdims=True)).sum(axis=-1)
+    return values, top, (kept == k).all()
 
 
 def processed(logits: mx.array, cfg: SamplingConfig, *, full: bool = False
               ) -> tuple[mx.array, mx.array | None]:
     """Turn (already penalized) logits [n, V] into the distributions sampled from, without a
     host sync: (probs, exact). No full sort of a row at real vocabulary sizes (151,936 for
-    Qwen, 262,144 for Gemma): top-k is one partial selection, whose survivors are also where
-    top-p looks for the nucleus (their probabilities read out of probs, so the floor compares
-    equal to itself); without top-k, top-p looks among CANDIDATES most likely tokens when more
-    could be in it (see nucleus_floor). exact is None when probs is exact by construction, else
-    a lazy flag, false when some row's candidates held less than top_p of its mass: that row's
-    nucleus was cut short at them. full: always exact (a full sort where needed)."""
-    scaled, top = _tempered(logits, cfg)
-    probs = mx.softmax(scaled, axis=-1)
-    exact = None
+    Qwen, 262,144 for Gemma), and with top-k on no vocabulary-wide softmax either: one partial
+    selection finds the k survivors, and softmax, top-p and min-p run on those k values alone,
+    scattered back into a row of zeros (the other tokens' mass is exactly 0 after top-k).
+    Without top-k, top-p looks among CANDIDATES most likely tokens when more could be in it
+    (see nucleus_floor). exact is None when probs is exact by construction, else a lazy flag,
+    false when some row was cut short: a token outside its top k tied with the k-th, or a
+    nucleus wider than its candidates. full: always exact (a mask, and a full sort where
+    needed)."""
+    if 0 < cfg.top_k < logits.shape[-1] and not full:
+        kept, top, exact = _survivors(logits, cfg)
+        return mx.put_along_axis(mx.zeros(logits.shape, mx.float32), top, kept, axis=-1), exact
+    probs = mx.softmax(tempered(logits, cfg), axis=-1)
+    floor, exact = None, None
     if cfg.top_p < 1.0:
-        if top is not None and top.shape[-1] <= CANDIDATES:
-            floor = _floor(mx.take_along_axis(probs, top, axis=-1), cfg.top_p)
-        else:
-            floor, exact = nucleus_floor(probs, cfg, probs.shape[-1] if full else CANDIDATES)
+        floor, exact = nucleus_floor(probs, cfg, probs.shape[-1] if full else CANDIDATES)
+    return _truncated(probs, cfg, floor), exact
+
+
+def _survivors(logits: mx.array, cfg: SamplingConfig) -> tuple[mx.array, mx.array, mx.array]:
+    """With top-k on: each row's k survivors as (probabilities [n, k] after top-p and min-p,
+    their token ids [n, k], exact) — the whole distribution, since the rest have no mass."""
+    values, top, exact = _top_k(logits.astype(mx.float32) / cfg.temperature, cfg.top_k)
+    probs = mx.softmax(values, axis=-1)
+    floor = _floor(probs, cfg.top_p) if cfg.top_p < 1.0 else None
+    return _truncated(probs, cfg, floor), top, exact
+
+
+def _truncated(probs: mx.array, cfg: SamplingConfig, floor: mx.array | None) -> mx.array:
+    """probs [n, m] without the tokens below each row's nucleus floor [n, 1] (top-p) or below
+    min_p of its most likely, renormalised."""
+    if floor is not None:
         probs = mx.where(probs >= floor, probs, 0.0)
     if cfg.min_p > 0.0:
         probs = mx.where(probs < cfg.min_p * probs.max(axis=-1, keepdims=True), 0.0, probs)
-    return probs / probs.sum(axis=-1, keepdims=True), exact
+    return probs / probs.sum(axis=-1, keepdims=True)
 
 
 def probabilities(logits: mx.array, cfg: SamplingConfig) -> mx.array:
@@ -299,10 +320,14 @@ class Sampler:
         logits = penalize(logits, history, [], self.cfg)
         if self.cfg.greedy:
             return mx.argmax(logits[0], axis=-1).astype(mx.int32), None
+        # no drafts to weigh, so no vocabulary-wide probabilities needed: with top-k on, a draw
+        # among the k survivors; with neither top-p nor min-p, the Gumbel-max draw of
+        # categorical() on the tempered logits, a draw from their softmax
+        if 0 < self.cfg.top_k < logits.shape[-1]:
+            kept, top, exact = _survivors(logits, self.cfg)
+            pick = categorical(kept[0], self.next_key())
+            return top[0, pick].astype(mx.int32), exact
         if self.cfg.top_p == 1.0 and self.cfg.min_p == 0.0:
-            # no drafts to weigh, so no probabilities needed: the Gumbel-max draw of
-            # categorical() on the tempered logits is a draw from their softmax, and skips the
-            # vocabulary-wide softmax, renormalisation and log of processed()
             choice = mx.random.categorical(tempered(logits, self.cfg)[0], key=self.next_key())
             return choice.astype(mx.int32), None
         probs, exact = processed(logits, self.cfg)

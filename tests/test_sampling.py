@@ -258,6 +258,37 @@ def test_top_p_past_its_candidates_is_checked_without_a_sync_and_decided_exactly
         assert chisquare(counts[live], p[live] * len(draws)).pvalue > 0.01
 
 
+def test_top_k_ties_are_flagged_not_dropped():
+    """Top-k keeps every token tied with the k-th largest. The partial selection finds exactly
+    k, so processed() flags a tied row (lazily, no sync) and the exact p keeps all the ties;
+    plain decoding redraws and a round is decided again on it, and the draft's q (k tokens,
+    but what the draft was drawn from) leaves the output distributed as p."""
+    from mlx_spec import sampling
+
+    logits = mx.array([[3.0, 2.0, 1.0, 1.0, 1.0, 0.0]] * 2, mx.float32)
+    cfg = SamplingConfig(temperature=1.0, top_k=3, seed=9)
+    probs, exact = sampling.processed(logits, cfg)
+    assert exact is not None and not bool(exact) and int((np.array(probs[0]) > 0).sum()) == 3
+    p = np.array(probabilities(logits, cfg)[0], dtype=np.float64)
+    assert (p > 0).sum() == 5 and np.isclose(p[2], p[4])
+    untied = mx.array([[3.0, 2.0, 1.0, 0.5, 0.5, 0.0]], mx.float32)
+    assert bool(sampling.processed(untied, cfg)[1])
+    p /= p.sum()
+    sampler = Sampler(cfg)
+    plain, spec = [], []
+    for _ in range(3000):
+        token, ok = sampler.next_token(logits[:1], [])
+        assert not bool(ok)
+        plain.append(sampler.redraw(logits[:1], []))
+        draft, q = sampler.draft_token(logits[0], [])
+        spec.append(sampler.verify(logits, [], draft.reshape(1), q[None]).tokens[0])
+    live = p > 0
+    for draws in (plain, spec):
+        counts = np.bincount(draws, minlength=len(p))
+        assert counts[~live].sum() == 0
+        assert chisquare(counts[live], p[live] * len(draws)).pvalue > 0.01
+
+
 def test_repetition_penalty_on_lazy_device_tokens_matches_a_reference():
     """penalize() on device arrays (as drafts and pipelined plain steps hand it, still lazy)
     and on host ints both give what the definition says: row r penalizes each distinct token
