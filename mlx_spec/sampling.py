@@ -106,19 +106,27 @@ def tempered(logits: mx.array, cfg: SamplingConfig) -> mx.array:
     scaled = logits.astype(mx.float32) / cfg.temperature
     if not 0 < cfg.top_k < scaled.shape[-1]:
         return scaled
-    kth = _top_k(scaled, cfg.top_k)[0].min(axis=-1, keepdims=True)
-    return mx.where(scaled < kth, -mx.inf, scaled)
+    return mx.where(scaled < _top_k(scaled, cfg.top_k)[2], -mx.inf, scaled)
 
 
-def _top_k(scaled: mx.array, k: int) -> tuple[mx.array, mx.array, mx.array]:
-    """Each row's k largest of scaled [n, V] by one partial selection (no sort): (values [n, k],
-    their indices [n, k], exact). exact is a lazy flag, false where some row has a token outside
-    them tied with its k-th largest: the top-k rule keeps ties, so that row needs the mask."""
+TIE_ROOM = 2  # top-k selects TIE_ROOM·k candidates, so ties with the k-th rarely fall outside
+
+
+def _top_k(scaled: mx.array, k: int) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """Each row's top k of scaled [n, V], ties with the k-th included, by one partial selection
+    (no sort of a row): (values [n, m], their indices [n, m], kth [n, 1], exact). The m =
+    TIE_ROOM·k candidates hold the k largest and room for ties (low-precision logits tie
+    often); a candidate below the k-th reads -inf in values. exact is a lazy flag, false where
+    some row has more tokens tied with its k-th than the candidates hold: that row needs the
+    mask."""
     vocab = scaled.shape[-1]
-    top = mx.argpartition(scaled, kth=vocab - k, axis=-1)[..., vocab - k :]
+    m = min(TIE_ROOM * k, vocab)
+    top = mx.argpartition(scaled, kth=vocab - m, axis=-1)[..., vocab - m :]
     values = mx.take_along_axis(scaled, top, axis=-1)
-    kept = (scaled >= values.min(axis=-1, keepdims=True)).sum(axis=-1)
-    return values, top, (kept == k).all()
+    kth = mx.sort(values, axis=-1)[..., m - k : m - k + 1]
+    inside = values >= kth
+    exact = ((scaled >= kth).sum(axis=-1) == inside.sum(axis=-1)).all()
+    return mx.where(inside, values, -mx.inf), top, kth, exact
 
 
 def processed(logits: mx.array, cfg: SamplingConfig, *, full: bool = False
@@ -126,12 +134,12 @@ def processed(logits: mx.array, cfg: SamplingConfig, *, full: bool = False
     """Turn (already penalized) logits [n, V] into the distributions sampled from, without a
     host sync: (probs, exact). No full sort of a row at real vocabulary sizes (151,936 for
     Qwen, 262,144 for Gemma), and with top-k on no vocabulary-wide softmax either: one partial
-    selection finds the k survivors, and softmax, top-p and min-p run on those k values alone,
+    selection finds the survivors, and softmax, top-p and min-p run on those values alone,
     scattered back into a row of zeros (the other tokens' mass is exactly 0 after top-k).
     Without top-k, top-p looks among CANDIDATES most likely tokens when more could be in it
     (see nucleus_floor). exact is None when probs is exact by construction, else a lazy flag,
-    false when some row was cut short: a token outside its top k tied with the k-th, or a
-    nucleus wider than its candidates. full: always exact (a mask, and a full sort where
+    false when some row was cut short: more ties with its k-th than _top_k's candidates hold,
+    or a nucleus wider than its candidates. full: always exact (a mask, and a full sort where
     needed)."""
     if 0 < cfg.top_k < logits.shape[-1] and not full:
         kept, top, exact = _survivors(logits, cfg)
@@ -144,9 +152,9 @@ def processed(logits: mx.array, cfg: SamplingConfig, *, full: bool = False
 
 
 def _survivors(logits: mx.array, cfg: SamplingConfig) -> tuple[mx.array, mx.array, mx.array]:
-    """With top-k on: each row's k survivors as (probabilities [n, k] after top-p and min-p,
-    their token ids [n, k], exact) — the whole distribution, since the rest have no mass."""
-    values, top, exact = _top_k(logits.astype(mx.float32) / cfg.temperature, cfg.top_k)
+    """With top-k on: each row's candidates as (probabilities [n, m] after top-k, top-p and
+    min-p, their token ids [n, m], exact) — the whole distribution, the rest have no mass."""
+    values, top, _, exact = _top_k(logits.astype(mx.float32) / cfg.temperature, cfg.top_k)
     probs = mx.softmax(values, axis=-1)
     floor = _floor(probs, cfg.top_p) if cfg.top_p < 1.0 else None
     return _truncated(probs, cfg, floor), top, exact
