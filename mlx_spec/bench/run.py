@@ -210,6 +210,7 @@ def load_bench_models(cfg: BenchConfig):
 
 
 def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    started = time.perf_counter()
     small, wide, wide_cfg, config, mtp_small, draft, tok = load_bench_models(cfg)
     n_params = parameter_count(wide.model)
     log(f"target: demo widened to {n_params / 1e6:.0f}M params f32 "
@@ -385,6 +386,7 @@ def bench(cfg: BenchConfig, out: Path, log: Callable[[str], None] = print) -> di
         "config": asdict(cfg),
         "greedy_identical": not mismatched,
         "greedy_mismatched_rows": mismatched,
+        "minutes": (time.perf_counter() - started) / 60,
         "parity": parity,
         "hybrid": hybrid,
         "published": published,
@@ -461,8 +463,8 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     lines = [
         "# Benchmark",
         "",
-        "Reproduce: `uv run mlx-spec bench` (full: 15 to 50 min on this 2-core machine, as "
-        "its host allows) or `uv run mlx-spec bench --quick`.",
+        "Reproduce: `uv run mlx-spec bench` or `uv run mlx-spec bench --quick`"
+        + (f" (this run: {result['minutes']:.0f} min)." if "minutes" in result else "."),
         f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on {m['device']}, "
         f"mlx-lm {m['mlx_lm']}, OpenBLAS preloaded: {m['openblas_preloaded']}"
         + (f"; code at {m['commit']}" if m.get("commit") else "") + ".",
