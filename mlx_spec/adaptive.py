@@ -357,8 +357,7 @@ class AdaptiveDraftLength:
         last turn's text says less about this one's), and where speculation was off, probe
         this turn's text at once — unless it could not pay even if every draft were accepted
         (there the probes keep spacing out)."""
-        self.accepted = [self.carry * a for a in self.accepted]
-        self.seen = [self.carry * s for s in self.seen]
+        self._fade(self.carry)
         if not self.on and not self._cost_bound(self.round_costs(self.k_max)):
             self.rounds_off = self.probe_gap
 
@@ -370,6 +369,9 @@ class AdaptiveDraftLength:
     def age(self, tokens: int = 1) -> None:
         """Plain tokens age the acceptance evidence as rounds do: while speculation is off,
         what the drafter did on text long gone fades, so it is tried again."""
-        keep = self.decay**tokens
+        self._fade(self.decay**tokens)
+
+    def _fade(self, keep: float) -> None:
+        """Keep `keep` of every position's acceptance evidence."""
         self.accepted = [keep * a for a in self.accepted]
         self.seen = [keep * s for s in self.seen]

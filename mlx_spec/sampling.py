@@ -104,9 +104,13 @@ def tempered(logits: mx.array, cfg: SamplingConfig) -> mx.array:
     softmax is the sampled distribution whenever neither top-p nor min-p is on. Ties with the
     k-th largest stay in."""
     scaled = logits.astype(mx.float32) / cfg.temperature
-    if not 0 < cfg.top_k < scaled.shape[-1]:
+    if not _top_k_on(cfg, scaled):
         return scaled
     return mx.where(scaled < _top_k(scaled, cfg.top_k)[2], -mx.inf, scaled)
+
+
+def _top_k_on(cfg: SamplingConfig, logits: mx.array) -> bool:
+    return 0 < cfg.top_k < logits.shape[-1]
 
 
 TIE_ROOM = 2  # top-k selects TIE_ROOM·k candidates, so ties with the k-th rarely fall outside
@@ -141,7 +145,7 @@ def processed(logits: mx.array, cfg: SamplingConfig, *, full: bool = False
     false when some row was cut short: more ties with its k-th than _top_k's candidates hold,
     or a nucleus wider than its candidates. full: always exact (a mask, and a full sort where
     needed)."""
-    if 0 < cfg.top_k < logits.shape[-1] and not full:
+    if _top_k_on(cfg, logits) and not full:
         kept, top, exact = _survivors(logits, cfg)
         return mx.put_along_axis(mx.zeros(logits.shape, mx.float32), top, kept, axis=-1), exact
     probs = mx.softmax(tempered(logits, cfg), axis=-1)
@@ -331,7 +335,7 @@ class Sampler:
         # no drafts to weigh, so no vocabulary-wide probabilities needed: with top-k on, a draw
         # among the k survivors; with neither top-p nor min-p, the Gumbel-max draw of
         # categorical() on the tempered logits, a draw from their softmax
-        if 0 < self.cfg.top_k < logits.shape[-1]:
+        if _top_k_on(self.cfg, logits):
             kept, top, exact = _survivors(logits, self.cfg)
             pick = categorical(kept[0], self.next_key())
             return top[0, pick].astype(mx.int32), exact

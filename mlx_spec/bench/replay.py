@@ -89,7 +89,7 @@ def _turn(runs: list[int], costs: RoundCosts, policy: AdaptiveDraftLength | None
 
     if policy is not None:
         policy.new_turn()
-    t, now, fed, planned = 0, 0.0, len(runs), None  # a new prompt: the drafter catches up
+    now, fed, planned = 0.0, len(runs), None  # a new prompt: the drafter catches up
     arrivals: list[float] = []
     while True:
         k = planned if planned is not None else choose()
@@ -101,7 +101,7 @@ def _turn(runs: list[int], costs: RoundCosts, policy: AdaptiveDraftLength | None
             while True:
                 after = choose(ahead=1)
                 step = jitter(costs.plain)
-                now, run_s, n, t, fed = now + step, run_s + step, n + 1, t + 1, fed + 1
+                now, run_s, n, fed = now + step, run_s + step, n + 1, fed + 1
                 arrivals.append(now)
                 if policy is not None:
                     policy.age()
@@ -112,7 +112,7 @@ def _turn(runs: list[int], costs: RoundCosts, policy: AdaptiveDraftLength | None
                 policy.observe_plain(run_s, n)
             continue
         split = policy is not None and policy.split()
-        accepted = min(runs[t], k)
+        accepted = min(runs[len(arrivals)], k)
         emitted = min(accepted + 1, len(runs) - len(arrivals))
         seconds = jitter(costs.round(k))
         now += seconds
@@ -122,6 +122,5 @@ def _turn(runs: list[int], costs: RoundCosts, policy: AdaptiveDraftLength | None
                            round_seconds=seconds, fed=fed)
         fed = accepted + 1
         arrivals += [now] * emitted
-        t += emitted
     span = arrivals[-1] - arrivals[0]
     return (len(arrivals) - 1) / span if span > 0 else 0.0
