@@ -2,13 +2,14 @@
 
 Public API (the app and other tools use only this):
 
-    from mlx_spec import load_engine, SamplingConfig, TokenEvent, TurnEnd
-    engine = load_engine()                      # bundled demo pair, MTP drafter
+    from mlx_spec import LoadSpec, load_engine, SamplingConfig, TokenEvent, TurnEnd
+    engine = load_engine(LoadSpec())            # weights: the bundled demo pair, MTP drafter
+    chat = engine.conversation()                # one chat's tokens, caches, drafter state
     ids = encode_chat(engine.tokenizer, [{"role": "user", "content": "def add("}])
-    for event in engine.generate(ids, max_tokens=128, sampling=SamplingConfig(temperature=0)):
+    for event in chat.generate(ids, max_tokens=128, sampling=SamplingConfig(temperature=0)):
         ...  # TokenEvent(token, text, kind) ..., then TurnEnd(stats, ...)
 
-    service = EngineProcess.start()             # the same engine in a child process, for UIs
+    service = EngineProcess.start(LoadSpec())   # the same engine in a child process, for UIs
     for event in service.chat([{"role": "user", "content": "def add("}], max_tokens=128):
         ...
 """
@@ -19,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 # Where each public name lives. Imported on first use (PEP 562): a UI process that only drives an
 # EngineProcess never imports mlx-lm (2+ seconds and ~100 MB here), only the child does.
 _HOME = {
-    "encode_chat": "chat", "encode_raw": "chat", "valid_text": "chat",
-    "DRAFTERS": "kinds", "Engine": "engine",
+    "encode_chat": "templates", "encode_raw": "templates", "valid_text": "templates",
+    "DRAFTERS": "kinds", "Conversation": "engine", "Engine": "engine",
     "MlxSpecError": "errors", "ModelLoadError": "errors", "PromptTooLongError": "errors",
     "TokenizerMismatchError": "errors", "UnsupportedModelError": "errors",
     "user_message": "errors",
@@ -31,16 +32,18 @@ _HOME = {
     "SamplingConfig": "sampling",
     "EngineInfo": "service", "EngineInThread": "service", "EngineProcess": "process",
     "EngineService": "service",
-    "Baseline": "stats", "Totals": "stats", "measure_baseline": "stats",
+    "measure_baseline": "service",
+    "Baseline": "stats", "Totals": "stats",
+    "DraftLength": "spec", "LoadSpec": "spec", "parse_draft_length": "spec",
 }
 __all__ = [  # == sorted(_HOME) (a test checks): written out for tools that read it statically
-    "Baseline", "DRAFTERS", "Engine", "EngineInThread", "EngineInfo", "EngineProcess",
-    "EngineService",
-    "Event", "Kind", "MlxSpecError", "ModelLoadError", "PromptTooLongError", "SamplingConfig",
-    "TokenEvent", "TokenizerMismatchError", "Totals", "TurnEnd", "TurnStats",
+    "Baseline", "Conversation", "DRAFTERS", "DraftLength", "Engine", "EngineInThread",
+    "EngineInfo", "EngineProcess", "EngineService",
+    "Event", "Kind", "LoadSpec", "MlxSpecError", "ModelLoadError", "PromptTooLongError",
+    "SamplingConfig", "TokenEvent", "TokenizerMismatchError", "Totals", "TurnEnd", "TurnStats",
     "UnsupportedModelError",
     "encode_chat", "encode_raw", "find_mtp_head", "load_engine", "load_target", "make_drafter",
-    "measure_baseline", "user_message", "valid_text",
+    "measure_baseline", "parse_draft_length", "user_message", "valid_text",
 ]
 
 
@@ -57,7 +60,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .chat import encode_chat, encode_raw, valid_text
     from .engine import Engine
     from .errors import (
         MlxSpecError,
@@ -72,5 +74,7 @@ if TYPE_CHECKING:
     from .loading import find_mtp_head, load_engine, load_target, make_drafter
     from .process import EngineProcess
     from .sampling import SamplingConfig
-    from .service import EngineInfo, EngineInThread, EngineService
-    from .stats import Baseline, Totals, measure_baseline
+    from .service import EngineInfo, EngineInThread, EngineService, measure_baseline
+    from .spec import DraftLength, LoadSpec, parse_draft_length
+    from .stats import Baseline, Totals
+    from .templates import encode_chat, encode_raw, valid_text

@@ -10,11 +10,11 @@ from multiprocessing.connection import Connection
 
 from mlx_spec.errors import MlxSpecError, as_user_error
 from mlx_spec.process import (
-    Chat,
     Close,
     Configure,
     Done,
     Failed,
+    Generate,
     Load,
     MeasureBaseline,
     Ok,
@@ -36,11 +36,11 @@ def serve(recv: Connection, send: Connection, stops: TurnStops) -> None:
             return
         try:
             if isinstance(request, Load):
-                service = EngineInThread.load(**request.__dict__)
+                service = EngineInThread.load(request.spec)
                 send.send(Ok(service.info))
             elif service is None:
                 raise MlxSpecError("no model loaded")
-            elif isinstance(request, Chat):
+            elif isinstance(request, Generate):
                 args = dict(request.__dict__)
                 stop = stops.event(args.pop("turn"))
                 for event in service.chat(**args, stop=stop):

@@ -13,11 +13,13 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 from typing import Any
 
 from .cli_models import add_commands as add_hub_commands
 from .errors import MlxSpecError, user_message
 from .kinds import DRAFTERS
+from .spec import MAX_DRAFT, LoadSpec, parse_draft_length
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # ctrl+c, as shells report SIGINT
@@ -57,9 +59,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mtp", help="MTP head: a directory or hub repo (default: the model's own, "
                                   "or one found beside it)")
     p.add_argument("--num-draft", "-k", default=None,
-                   help="tokens drafted per round: an integer >= 1, or 'auto' (chosen each "
-                        "round from measured costs and acceptance). Default: the drafter's own "
-                        "length where its files give one (a Gemma 4 assistant's), else auto")
+                   help=f"tokens drafted per round: an integer 1..{MAX_DRAFT}, or 'auto' "
+                        "(chosen each round from measured costs and acceptance). Default: the "
+                        "drafter's own length where its files give one (a Gemma 4 "
+                        "assistant's), else auto")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -174,16 +177,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
-def parse_num_draft(text: str | None) -> int | str | None:
-    if text is None or text == "auto":
-        return text
+def spec_from_args(args: argparse.Namespace) -> LoadSpec:
+    """The load spec the options name (validated here, once: one line for a bad value)."""
     try:
-        k = int(text)
-    except ValueError:
-        raise MlxSpecError(f"--num-draft must be an integer >= 1 or 'auto', got {text!r}") from None
-    if k < 1:
-        raise MlxSpecError(f"--num-draft must be >= 1, got {k}")
-    return k
+        num_draft = parse_draft_length(getattr(args, "num_draft", None))
+    except MlxSpecError as e:
+        raise MlxSpecError(f"--num-draft: {e}") from None
+    return LoadSpec(model=getattr(args, "model", None), drafter=getattr(args, "drafter", "auto"),
+                    draft_model=getattr(args, "draft_model", None), mtp=getattr(args, "mtp", None),
+                    num_draft=num_draft, kv_bits=getattr(args, "kv_bits", None))
 
 
 SAMPLING_FLAGS = {"temperature": "--temp", "top-p": "--top-p", "top-k": "--top-k",
@@ -205,21 +207,19 @@ def sampling_from_args(args: argparse.Namespace):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .chat import encode_chat, encode_raw, valid_text
     from .events import TokenEvent, TurnEnd
     from .loading import load_engine
+    from .templates import encode_chat, encode_raw, valid_text
 
     sampling = sampling_from_args(args)  # validate before the (slow) load
-    num_draft = parse_num_draft(args.num_draft)
+    spec = spec_from_args(args)
     if not args.prompt:
         raise MlxSpecError("the prompt is empty")
     prompt, replaced = valid_text(args.prompt)
     if replaced:
         print("mlx-spec: warning: the prompt had bytes that are not UTF-8; each was replaced "
               "with U+FFFD", file=sys.stderr)
-    model, drafter, draft_model, mtp = fetched(args)
-    engine = load_engine(model, drafter=drafter, draft_model=draft_model, mtp=mtp,
-                         num_draft=num_draft, kv_bits=args.kv_bits)
+    engine = load_engine(fetched(spec))
     tok = engine.tokenizer
     ids = (encode_raw(tok, prompt) if args.raw
            else encode_chat(tok, [{"role": "user", "content": prompt}]))
@@ -228,7 +228,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     end: TurnEnd | None = None
     stop = threading.Event()
     with stop_on_interrupt(stop):  # ctrl+c ends the turn between rounds: partial answer + stats
-        for ev in engine.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=stop):
+        for ev in engine.conversation().generate(ids, max_tokens=args.max_tokens,
+                                                 sampling=sampling, stop=stop):
             if isinstance(ev, TokenEvent):
                 tokens.append(ev.token)
                 kinds.append(ev.kind.value)
@@ -269,32 +270,28 @@ def stop_on_interrupt(stop: threading.Event):
         signal.signal(signal.SIGINT, previous)
 
 
-def fetched(args: argparse.Namespace) -> tuple[Any, str, Any, Any]:
-    """(model, drafter, draft_model, mtp) as local paths: a preset or hub repo id is pulled
-    first (what is cached is not fetched again), and its drafter fills what was left unset."""
+def fetched(spec: LoadSpec) -> LoadSpec:
+    """The spec on local paths: a preset or hub repo id is pulled first (what is cached is not
+    fetched again), and its drafter fills what the user left unset."""
     from .loading import is_local
 
-    model, drafter, draft_model, mtp = args.model, args.drafter, args.draft_model, args.mtp
-    if draft_model and not is_local(draft_model):
+    if spec.draft_model and not is_local(spec.draft_model):
         from .hub import fetch
 
-        draft_model = fetch(draft_model, progress=_bar())
-    if model is None or is_local(model):
-        return model, drafter, draft_model, mtp
+        spec = replace(spec, draft_model=str(fetch(spec.draft_model, progress=_bar())))
+    if spec.model is None or is_local(spec.model):
+        return spec
     from . import hub
 
-    launch = hub.pull(model, progress=_bar())
-    return (launch.target, *launch_drafter(launch, drafter, draft_model, mtp))
+    return with_launch(spec, hub.pull(spec.model, progress=_bar()))
 
 
-def launch_drafter(launch: Any, drafter: str, draft_model: Any, mtp: Any) -> tuple[str, Any, Any]:
-    """(drafter, draft_model, mtp): the pulled pair's, unless the user chose a drafter; its
-    warnings (a drafter kind not loadable yet) go to stderr."""
+def with_launch(spec: LoadSpec, launch: Any) -> LoadSpec:
+    """The pulled pair's spec, keeping a drafter the user chose; its warnings (a drafter kind
+    not loadable yet) go to stderr."""
     for w in launch.warnings:
         print(f"mlx-spec: warning: {w}", file=sys.stderr)
-    if drafter == "auto" and not draft_model and not mtp:
-        return launch.drafter, launch.draft_model, launch.mtp
-    return drafter, draft_model, mtp
+    return launch.spec(spec)
 
 
 def _bar():
@@ -334,28 +331,18 @@ def cmd_chat(args: argparse.Namespace) -> int:
         raise MlxSpecError(f"the chat app is not available: {e}") from e
     from .loading import is_local
 
-    model = getattr(args, "model", None)
-    options = dict(drafter=getattr(args, "drafter", "auto"),
-                   draft_model=getattr(args, "draft_model", None), mtp=getattr(args, "mtp", None),
-                   num_draft=parse_num_draft(getattr(args, "num_draft", None)))
-    if model is None or is_local(model):
-        return run_app(model=model, **options)
+    spec = spec_from_args(args)
+    if spec.model is None or is_local(spec.model):
+        return run_app(spec)
     from . import hub
     from .cli_models import warn_if_too_big
 
-    warn_if_too_big(model)
+    warn_if_too_big(spec.model)
     try:
-        launch = hub.launch_for(model)  # an unknown name is one line here, before the app opens
+        launch = hub.launch_for(spec.model)  # an unknown name is one line here, before the app
     except hub.NotDownloaded:
-        return run_app(pull=model, **options)
-    drafter, draft_model, mtp = launch_drafter(launch, options["drafter"],
-                                               options["draft_model"], options["mtp"])
-    options.update(drafter=drafter, draft_model=_str(draft_model), mtp=_str(mtp))
-    return run_app(model=str(launch.target), **options)
-
-
-def _str(path: Any) -> str | None:
-    return None if path is None else str(path)
+        return run_app(spec.with_model(None), pull=spec.model)
+    return run_app(with_launch(spec, launch))
 
 
 if __name__ == "__main__":

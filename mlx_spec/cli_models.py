@@ -70,7 +70,13 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     show = _json_progress if args.progress_json else ProgressBar()
-    quantize = False if args.quantize_mtp is None else (args.quantize_mtp or True)
+    quantize = None
+    if args.quantize_mtp is not None:  # 0: like the target
+        from functools import partial
+
+        from .loading import quantize_mtp_head
+
+        quantize = partial(quantize_mtp_head, bits=args.quantize_mtp or None)
     launch = hub.pull(args.name, drafter=args.drafter, progress=show, verify=args.verify,
                       quantize_mtp=quantize)
     if args.progress_json:

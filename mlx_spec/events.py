@@ -15,6 +15,16 @@ class Kind(StrEnum):
     TARGET = "target"  # produced by the target in a round without drafts
 
 
+def acceptance_rate(accepted: int, drafted: int) -> float:
+    """Accepted drafts over drafted ones (0 when nothing was drafted)."""
+    return accepted / drafted if drafted else 0.0
+
+
+def tokens_per_pass(tokens: int, passes: int) -> float:
+    """Emitted tokens per target pass: 1 for plain decoding, up to k + 1 for a round."""
+    return tokens / passes if passes else 0.0
+
+
 @dataclass(frozen=True)
 class TokenEvent:
     token: int
@@ -59,11 +69,11 @@ class TurnStats:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return acceptance_rate(self.accepted, self.drafted)
 
     @property
     def tokens_per_pass(self) -> float:
-        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+        return tokens_per_pass(self.generated_tokens, self.target_passes)
 
     @property
     def per_position_acceptance(self) -> tuple[float, ...]:

@@ -10,6 +10,7 @@ from .drafters import nextn
 from .errors import ModelLoadError, first_line
 from .kinds import DRAFTERS
 from .model import TargetModel
+from .spec import MAX_DRAFT, LoadSpec
 
 
 def load_target(path_or_repo: str | Path, *, lazy: bool = False) -> tuple[TargetModel, Any]:
@@ -96,25 +97,17 @@ def find_mtp_head(model_path: str | Path | None, target: TargetModel | None = No
     return None
 
 
-def load_engine(
-    model: str | Path | None = None,
-    *,
-    drafter: str = "auto",
-    draft_model: str | Path | None = None,
-    mtp: str | Path | None = None,
-    num_draft: int | str | None = None,
-    kv_bits: int | None = None,
-):
-    """A ready Engine: target (default: the bundled demo), drafter, draft length.
+def load_engine(spec: LoadSpec | None = None):
+    """A ready Engine for `spec` (default: the bundled demo pair, its drafter, auto).
 
-    num_draft: an int, "auto", or None: the drafter's own length where its files declare one
-    (a Gemma 4 assistant's `num_assistant_tokens`), else "auto".
-
-    drafter: 'auto' (an MTP head beside the model, else --draft-model, else none), 'none',
-    'draft', 'mtp' or 'ngram'."""
+    spec.num_draft None: the drafter's own length where its files declare one (a Gemma 4
+    assistant's `num_assistant_tokens`), else "auto". spec.drafter "auto": an MTP head beside
+    the model, else the draft model, else none."""
     from .assets import DEMO_DRAFT, demo_model
     from .engine import Engine
 
+    spec = spec or LoadSpec()
+    model, draft_model = spec.model, spec.draft_model
     if model is None:
         model = demo_model()
         if not Path(model).exists():
@@ -122,17 +115,19 @@ def load_engine(
                 "no --model given and the bundled demo model is missing "
                 f"({model}); build it with `python -m mlx_spec.train.demo`"
             )
-        if draft_model is None and drafter == "draft":
+        if draft_model is None and spec.drafter == "draft":
             draft_model = demo_model(DEMO_DRAFT)
     target, tokenizer = load_target(model)
-    chosen = drafter
-    if drafter == "auto":
+    chosen = spec.drafter
+    if chosen == "auto":
         chosen = ("draft" if draft_model else
-                  "mtp" if (mtp or find_mtp_head(model, target)) else "none")
-    d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=mtp)
+                  "mtp" if (spec.mtp or find_mtp_head(model, target)) else "none")
+    d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=spec.mtp)
+    num_draft = spec.num_draft
     if num_draft is None:
-        num_draft = getattr(d, "default_k", None) or "auto"
-    return Engine(target, tokenizer, d, num_draft=num_draft, kv_bits=kv_bits)
+        num_draft = min(getattr(d, "default_k", None) or MAX_DRAFT + 1, MAX_DRAFT) if getattr(
+            d, "default_k", None) else "auto"
+    return Engine(target, tokenizer, d, draft_length=num_draft, kv_bits=spec.kv_bits)
 
 
 def make_drafter(kind: str, target: TargetModel, *, model_path=None, draft_model=None, mtp=None):
@@ -185,3 +180,28 @@ def _mtp(target: TargetModel, model_path, mtp):
             )
         raise ModelLoadError(f"no MTP head found beside {model_path}; pass --mtp DIR")
     return load_mtp_drafter(path, target)
+
+
+def quantize_mtp_head(raw: Path, target_dir: str | Path, *, bits: int | None = None) -> Path:
+    """A quantized sidecar of an MTP head read out of an original checkpoint (`raw`, as
+    hub.pull extracted it), for the target at `target_dir`: at the target's own bits and group
+    size, or at `bits` (group size 64, or the target's). The published tensors are kept; the
+    copy is written beside them (`RAW.qBITS`), which hub.launch_for prefers from then on."""
+    import shutil
+
+    target, _ = load_target(target_dir, lazy=True)  # its layout and args; weights not read
+    q = dict(target.config.get("quantization") or {})
+    if bits is None and not q:
+        raise ModelLoadError(f"{target.name} is not quantized, so there is nothing to match: "
+                             "pass --quantize-mtp BITS (4 or 8)")
+    q = {"group_size": int(q.get("group_size", 64)), "bits": int(bits or q["bits"])}
+    head, _ = nextn.load_checkpoint_head(target, raw)
+    nextn.quantize_head(head, bits=q["bits"], group_size=q["group_size"])
+    out = raw.with_name(f"{raw.name}.q{q['bits']}")
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    nextn.save_sidecar(tmp, head, target, quantization=q)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+

@@ -2,7 +2,7 @@
 exchange over two pipes. The child's end is `_child.py` (`python -m mlx_spec._child`).
 
 Why a process: see service.py. Requests are frozen dataclasses, one per service call; the child
-answers a call with one `Ok` or `Failed`, and a chat with `Token`s then `Done` (or `Failed`).
+answers a call with one `Ok` or `Failed`, and a `Generate` with `Token`s then `Done` (or `Failed`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .errors import MlxSpecError
 from .events import Event
 from .sampling import SamplingConfig
 from .service import EngineInfo, Messages
+from .spec import DraftLength, LoadSpec
 from .stats import Baseline
 
 # -- requests (parent -> child) -----------------------------------------------------------------
@@ -30,15 +31,11 @@ from .stats import Baseline
 
 @dataclass(frozen=True)
 class Load:
-    model: str | None
-    drafter: str
-    draft_model: str | None
-    mtp: str | None
-    num_draft: int | str | None  # None: the drafter's own length, else auto
+    spec: LoadSpec
 
 
 @dataclass(frozen=True)
-class Chat:
+class Generate:
     messages: Messages
     max_tokens: int
     sampling: SamplingConfig | None
@@ -54,7 +51,7 @@ class MeasureBaseline:
 
 @dataclass(frozen=True)
 class Configure:
-    num_draft: int | str | None
+    draft_length: DraftLength | None
     drafter: str | None
 
 
@@ -63,7 +60,7 @@ class Close:
     pass
 
 
-Request = Load | Chat | MeasureBaseline | Configure | Close
+Request = Load | Generate | MeasureBaseline | Configure | Close
 
 # -- replies (child -> parent) ------------------------------------------------------------------
 
@@ -146,9 +143,7 @@ class EngineProcess:
         self._info = EngineInfo("", "none", 0, ())
 
     @classmethod
-    def start(cls, *, model: str | None = None, drafter: str = "auto",
-              draft_model: str | None = None, mtp: str | None = None,
-              num_draft: int | str | None = None) -> EngineProcess:
+    def start(cls, spec: LoadSpec | None = None) -> EngineProcess:
         """Start the child and load there; returns when loaded. Raises MlxSpecError."""
         to_child, from_parent = os.pipe()[::-1]  # (write end, read end)
         from_child, to_parent = os.pipe()
@@ -164,7 +159,7 @@ class EngineProcess:
         service = cls(process, Connection(to_child, readable=False),
                       Connection(from_child, writable=False), log, stop_write)
         try:
-            service._info = service._call(Load(model, drafter, draft_model, mtp, num_draft))
+            service._info = service._call(Load(spec or LoadSpec()))
         except MlxSpecError:
             service.close()
             raise
@@ -177,9 +172,9 @@ class EngineProcess:
     def measure_baseline(self, *, tokens: int = 64, repeats: int = 3) -> Baseline:
         return self._call(MeasureBaseline(tokens, repeats))
 
-    def configure(self, *, num_draft: int | str | None = None,
+    def configure(self, *, draft_length: DraftLength | None = None,
                   drafter: str | None = None) -> EngineInfo:
-        self._info = self._call(Configure(num_draft, drafter))
+        self._info = self._call(Configure(draft_length, drafter))
         return self._info
 
     def chat(self, messages: Messages, *, max_tokens: int = 256,
@@ -188,7 +183,7 @@ class EngineProcess:
         with self._lock:
             self._turn += 1
             turn = self._turn
-            self._send(Chat(messages, max_tokens, sampling, target_only, turn))
+            self._send(Generate(messages, max_tokens, sampling, target_only, turn))
             signalled, finished = False, False
             try:
                 while True:

@@ -1,9 +1,9 @@
 """The engine behind a small chat API, in this process (here) or in a child process (process.py).
 
-    service = EngineProcess.start(model=None)          # the bundled demo pair, in a child process
+    service = EngineProcess.start(LoadSpec())          # the bundled demo pair, in a child process
     for event in service.chat([{"role": "user", "content": "def add("}], max_tokens=64):
         ...                                            # TokenEvent ..., then TurnEnd
-    service.configure(drafter="none", num_draft=4)     # -> EngineInfo
+    service.configure(drafter="none", draft_length=4)     # -> EngineInfo
     service.close()
 
 Both services take conversations (the chat template is applied engine-side), switch drafters by
@@ -20,18 +20,20 @@ own GIL, and a crash in it (out of memory, a bad kernel) leaves the UI standing 
 
 from __future__ import annotations
 
+import statistics
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .events import Event
+from .events import Event, TurnEnd
 from .kinds import kind_of
 from .sampling import SamplingConfig
+from .spec import DraftLength, LoadSpec
 from .stats import Baseline
 
 if TYPE_CHECKING:  # EngineInThread imports the engine (and mlx-lm) when it is first used
-    from .engine import Engine
+    from .engine import Conversation, Engine
 
 Messages = list[dict[str, str]]
 
@@ -42,7 +44,7 @@ class EngineInfo:
 
     target: str  # the target model's name
     drafter: str  # a kind of kinds.DRAFTERS
-    num_draft: int | str  # draft length k, or "auto"
+    draft_length: DraftLength  # tokens drafted per round, or "auto"
     drafters: tuple[str, ...]  # the drafter kinds `configure` can switch to
 
 
@@ -58,94 +60,112 @@ class EngineService(Protocol):
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
              target_only: bool = False) -> Iterator[Event]: ...
 
-    def configure(self, *, num_draft: int | str | None = None,
+    def configure(self, *, draft_length: DraftLength | None = None,
                   drafter: str | None = None) -> EngineInfo: ...
 
     def close(self) -> None: ...
 
 
-def drafter_kind(engine: Engine) -> str:
-    """The kind (kinds.DRAFTERS) of the engine's current drafter."""
-    return kind_of(engine.drafter.name) if engine.drafter is not None else "none"
+def drafter_kind(conv: Conversation) -> str:
+    """The kind (kinds.DRAFTERS) of the conversation's current drafter."""
+    return kind_of(conv.drafter.name) if conv.drafter is not None else "none"
 
 
 class EngineInThread:
-    """An Engine in this process. MLX streams are per thread, so every call runs on a stream of
-    its own and frees it when done: callers may use any thread (one call at a time)."""
+    """An Engine and its one conversation in this process. MLX streams are per thread, so every
+    call runs on a stream of its own and frees it when done: callers may use any thread (one
+    call at a time)."""
 
-    def __init__(self, engine: Engine, *, model: str | None = None,
-                 draft_model: str | None = None, mtp: str | None = None) -> None:
+    def __init__(self, engine: Engine, spec: LoadSpec | None = None) -> None:
         from .loading import find_mtp_head
 
-        self.engine = engine
-        self._paths = dict(model_path=model, draft_model=draft_model, mtp=mtp)
-        self._drafters: dict[str, Any] = {"none": None, drafter_kind(engine): engine.drafter}
-        self._plain: Engine | None = None  # target-only, sharing the weights (races)
+        spec = spec or LoadSpec()
+        self.engine, self.spec = engine, spec
+        self.conversation = engine.conversation()  # the chat's tokens, caches, drafter state
+        self._plain: Conversation | None = None  # target-only on the same weights (races)
+        self._drafters: dict[str, Any] = {"none": None,
+                                          drafter_kind(self.conversation): engine.drafter}
         # what configure() can switch to: off, what was loaded, n-gram (needs no files), and
         # the kinds whose files are known (looked up once: `info` is read on the UI thread)
-        kinds = ["none", drafter_kind(engine), "ngram"]
-        if mtp or find_mtp_head(model, engine.target):
+        kinds = ["none", drafter_kind(self.conversation), "ngram"]
+        if spec.mtp or find_mtp_head(spec.model, engine.target):
             kinds.append("mtp")
-        if draft_model:
+        if spec.draft_model:
             kinds.append("draft")
         self._kinds = tuple(dict.fromkeys(kinds))
 
     @classmethod
-    def load(cls, *, model: str | None = None, drafter: str = "auto",
-             draft_model: str | None = None, mtp: str | None = None,
-             num_draft: int | str | None = None) -> EngineInThread:
+    def load(cls, spec: LoadSpec | None = None) -> EngineInThread:
         from .loading import load_engine
 
         with _own_stream():
-            engine = load_engine(model, drafter=drafter, draft_model=draft_model, mtp=mtp,
-                                 num_draft=num_draft)
-        return cls(engine, model=model, draft_model=draft_model, mtp=mtp)
+            engine = load_engine(spec)
+        return cls(engine, spec)
 
     @property
     def info(self) -> EngineInfo:
-        e = self.engine
-        return EngineInfo(e.target.name, drafter_kind(e), "auto" if e.adaptive else e.num_draft,
-                          self._kinds)
+        c = self.conversation
+        return EngineInfo(c.target.name, drafter_kind(c), c.draft_length, self._kinds)
 
     def measure_baseline(self, *, tokens: int = 64, repeats: int = 3) -> Baseline:
-        from .stats import measure_baseline
-
         with _own_stream():
             return measure_baseline(self.engine, tokens=tokens, repeats=repeats)
 
     def chat(self, messages: Messages, *, max_tokens: int = 256,
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
              target_only: bool = False) -> Iterator[Event]:
-        from .chat import encode_chat
-        from .engine import Engine
+        from .templates import encode_chat
 
-        engine = self.engine
+        conv = self.conversation
         if target_only:
             if self._plain is None:
-                self._plain = Engine(engine.target, engine.tokenizer, None)
-            engine = self._plain
+                self._plain = self.engine.conversation(drafter=None)
+            conv = self._plain
         with _own_stream():
-            ids = encode_chat(engine.tokenizer, messages)
-            yield from engine.generate(ids, max_tokens=max_tokens, sampling=sampling, stop=stop)
+            ids = encode_chat(conv.tokenizer, messages)
+            yield from conv.generate(ids, max_tokens=max_tokens, sampling=sampling, stop=stop)
 
-    def configure(self, *, num_draft: int | str | None = None,
+    def configure(self, *, draft_length: DraftLength | None = None,
                   drafter: str | None = None) -> EngineInfo:
         """Switch drafter (built the first time, then kept: switching back costs nothing) and
         draft length. Raises MlxSpecError."""
         from .loading import make_drafter
 
+        conv = self.conversation
         with _own_stream():
-            if drafter is not None and drafter != drafter_kind(self.engine):
+            if drafter is not None and drafter != drafter_kind(conv):
                 if drafter not in self._drafters:
-                    self._drafters[drafter] = make_drafter(drafter, self.engine.target,
-                                                           **self._paths)
-                self.engine.set_drafter(self._drafters[drafter])
-            if num_draft is not None:
-                self.engine.set_num_draft(num_draft)
+                    self._drafters[drafter] = make_drafter(
+                        drafter, conv.target, model_path=self.spec.model,
+                        draft_model=self.spec.draft_model, mtp=self.spec.mtp)
+                conv.set_drafter(self._drafters[drafter])
+            if draft_length is not None:
+                conv.set_draft_length(draft_length)
         return self.info
 
     def close(self) -> None:
         pass
+
+
+def measure_baseline(engine: Engine, *, tokens: int = 64, prompt: list[int] | None = None,
+                     repeats: int = 3) -> Baseline:
+    """Time target-only greedy decoding through the same loop, on a scratch conversation on the
+    engine's weights (no other conversation is touched): the median of `repeats` runs after a
+    short warm-up. The median, not the best: the best of a few noisy runs overstates the speed
+    a turn will see. 64 tokens: per-token cost grows with the context."""
+    scratch = engine.conversation(drafter=None)
+    ids = prompt or list(range(3, 35))
+
+    def timed(n: int) -> float:
+        scratch.reset()
+        end = [e for e in scratch.generate(ids, max_tokens=n, ignore_eos=True)
+               if isinstance(e, TurnEnd)][0]
+        return end.stats.tok_s
+
+    timed(8)  # warm-up: kernels and allocations
+    speed = statistics.median(timed(tokens) for _ in range(repeats))
+    return Baseline(speed, tokens, f"median of {repeats} timed target-only runs of {tokens} "
+                                   f"tokens (greedy, same loop, no drafter), measured at load")
 
 
 class _own_stream:

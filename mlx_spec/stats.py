@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from .events import TurnEnd, TurnStats
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from .events import TurnStats, acceptance_rate, tokens_per_pass
 
 
 @dataclass
@@ -40,20 +35,31 @@ class Totals:
         return t
 
     def add(self, s: TurnStats) -> None:
+        """A whole turn."""
         self.turns += 1
         self.tokens += s.generated_tokens
-        self.passes += s.target_passes
-        self.drafted += s.drafted
-        self.accepted += s.accepted
         self.seconds += s.generation_s if s.generated_tokens else 0.0
-        self.draft_s += s.draft_s
-        self.verify_s += s.verify_s
         self.commit_s += s.commit_s
-        _add_into(self.pos_drafted, s.per_position_drafted)
-        _add_into(self.pos_accepted, s.per_position_accepted)
+        self._add_passes(s.target_passes, s.drafted, s.accepted, s.draft_s, s.verify_s,
+                         s.per_position_drafted, s.per_position_accepted)
         if s.drafted:
             self.acceptance.append(100 * s.acceptance_rate)
         self.last = s
+
+    def add_pass(self, k: int, n: int, draft_s: float, verify_s: float) -> None:
+        """One target pass of a turn in progress: it verified k drafts and accepted n."""
+        self._add_passes(1, k, n, draft_s, verify_s, (1,) * k, (1,) * n)
+
+    def _add_passes(self, passes: int, drafted: int, accepted: int, draft_s: float,
+                    verify_s: float, pos_drafted: tuple[int, ...],
+                    pos_accepted: tuple[int, ...]) -> None:
+        self.passes += passes
+        self.drafted += drafted
+        self.accepted += accepted
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        _add_into(self.pos_drafted, pos_drafted)
+        _add_into(self.pos_accepted, pos_accepted)
 
     @property
     def tok_s(self) -> float:
@@ -61,11 +67,11 @@ class Totals:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return acceptance_rate(self.accepted, self.drafted)
 
     @property
     def tokens_per_pass(self) -> float:
-        return self.tokens / self.passes if self.passes else 0.0
+        return tokens_per_pass(self.tokens, self.passes)
 
     def per_position(self) -> list[tuple[int, float, int]]:
         """(position, acceptance, times drafted) for each draft position used so far."""
@@ -91,31 +97,6 @@ class Baseline:
 
     def speedup(self, tok_s: float) -> float:
         return tok_s / self.tok_s if self.tok_s > 0 else 0.0
-
-
-def measure_baseline(engine: Engine, *, tokens: int = 64, prompt: list[int] | None = None,
-                     repeats: int = 3) -> Baseline:
-    """Time target-only greedy decoding through the same loop, on a scratch conversation (the
-    engine's own caches are untouched): the median of `repeats` runs after a short warm-up.
-
-    Median, not best: the best of a few noisy runs overstates the speed a turn will see, and so
-    understates every speedup quoted against it. 64 tokens, not fewer: per-token cost grows with
-    the context, and on the demo pair 32-token runs were ~10% faster than 256-token ones."""
-    from .engine import Engine
-
-    scratch = Engine(engine.target, engine.tokenizer, None)
-    ids = prompt or list(range(3, 35))
-
-    def timed(n: int) -> float:
-        scratch.reset()
-        end = [e for e in scratch.generate(ids, max_tokens=n, ignore_eos=True)
-               if isinstance(e, TurnEnd)][0]
-        return end.stats.tok_s
-
-    timed(8)  # warm-up: kernels and allocations
-    speed = statistics.median(timed(tokens) for _ in range(repeats))
-    return Baseline(speed, tokens, f"median of {repeats} timed target-only runs of {tokens} "
-                                   f"tokens (greedy, same loop, no drafter), measured at load")
 
 
 def quantiles(values: list[float]) -> tuple[float, float, float]:

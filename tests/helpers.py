@@ -26,43 +26,43 @@ def run(engine, prompt=PROMPT, max_tokens=MAX, **kw):
     return end, events[:-1]
 
 
-def checked(engine):
-    """Wrap Engine.commit: after every round the target's caches (KV, window, conv, recurrent)
-    and the drafter's own state equal a from-scratch recompute of the committed sequence.
-    Returns the list of tokens committed per round."""
-    original = engine.commit
+def checked(conv):
+    """Wrap Conversation.commit: after every round the target's caches (KV, window, conv,
+    recurrent) and the drafter's own state equal a from-scratch recompute of the committed
+    sequence. Returns the list of tokens committed per round."""
+    original = conv.commit
     rounds = []
 
-    def commit(new, valid, hidden, *, ahead=0):
+    def commit(new, valid, hidden, *, ahead=False):
         original(new, valid, hidden, ahead=ahead)
-        committed = engine.tokens[:-1]
-        assert engine.cached == len(committed) + ahead
+        committed = conv.tokens[:-1]
+        assert conv.cached == len(committed) + ahead
         rounds.append(len(new))
         if ahead:  # a plain step already runs on the new pending token: checked next commit
             return
-        assert_cache_equals_recompute(engine.target, engine.cache, committed)
-        d = engine.drafter
+        assert_cache_equals_recompute(conv.target, conv.cache, committed)
+        d, s = conv.drafter, conv.drafter_state
         if isinstance(d, MTPDrafter):  # its copy of the target's hidden states, its own cache
-            fresh = kv.make_cache(engine.target.model)
-            _, h = engine.target.forward(committed, fresh, hidden=d.needs_hidden)
-            assert d.hist.n == len(committed)
-            base = d.hist.base  # the rows it keeps (older ones it will never read again)
-            assert d.hist.buf is None or d.hist.buf.shape[0] <= 2 * (d.hist.n - base) + 512
-            np.testing.assert_allclose(np.array(d.hist.rows(base, d.hist.n)),
+            fresh = kv.make_cache(conv.target.model)
+            _, h = conv.target.forward(committed, fresh, hidden=d.needs_hidden)
+            assert s.hist.n == len(committed)
+            base = s.hist.base  # the rows it keeps (older ones it will never read again)
+            assert s.hist.buf is None or s.hist.buf.shape[0] <= 2 * (s.hist.n - base) + 512
+            np.testing.assert_allclose(np.array(s.hist.rows(base, s.hist.n)),
                                        np.array(h[base:]), atol=2e-4)
-            if d.cache:
-                assert_head_cache_equals_recompute(d, engine.tokens)
+            if s.cache:
+                assert_head_cache_equals_recompute(d, s, conv.tokens)
         elif isinstance(d, DraftModelDrafter):
-            assert_cache_equals_recompute(d.model, d.cache, engine.tokens[: d.cached])
+            assert_cache_equals_recompute(d.model, s.cache, conv.tokens[: s.cached])
 
-    engine.commit = commit
+    conv.commit = commit
     return rounds
 
 
-def assert_head_cache_equals_recompute(d, tokens, atol=2e-4):
-    """An own-cache MTP head's cache == a recompute from the target's hidden states: entry e
-    pairs token e + first with h_{e + first - 1}."""
-    n, f = d.cached, d.first
+def assert_head_cache_equals_recompute(d, state, tokens, atol=2e-4):
+    """An own-cache MTP head's cache (in its conversation state) == a recompute from the
+    target's hidden states: entry e pairs token e + first with h_{e + first - 1}."""
+    n, f = state.cached, d.first
     assert f + n <= len(tokens)
     if n == 0:
         return
@@ -73,7 +73,8 @@ def assert_head_cache_equals_recompute(d, tokens, atol=2e-4):
         rows = mx.concatenate([mx.zeros_like(h[:1]), rows])
     d.head(d._embed(tokens[f : f + n], 0), rows[None], ref[0],
            create_causal_mask(n, 0) if n > 1 else None)
-    for got, want in zip(d.cache[0].keys_and_values(), ref[0].keys_and_values(), strict=True):
+    for got, want in zip(state.cache[0].keys_and_values(), ref[0].keys_and_values(),
+                         strict=True):
         np.testing.assert_allclose(np.array(got.astype(mx.float32)),
                                    np.array(want.astype(mx.float32)), atol=atol, rtol=1e-3)
 
@@ -82,7 +83,7 @@ def assert_turn_matches_fresh(engine, prompt, max_tokens):
     """A later turn of `engine`'s conversation equals target-only decoding of the same prompt
     from scratch (prefix reuse and rollback leave nothing behind). Returns that turn's end."""
     got, _ = run(engine, prompt=prompt, max_tokens=max_tokens)
-    fresh, _ = run(Engine(engine.target, engine.tokenizer, None), prompt=prompt,
+    fresh, _ = run(Engine(engine.target, engine.tokenizer, None).conversation(), prompt=prompt,
                    max_tokens=max_tokens)
     assert_same_or_near_tie(engine.target, prompt, list(got.tokens), list(fresh.tokens))
     return got
@@ -176,3 +177,16 @@ def loaded_pairs(pair_dir):
         return loaded[kind]
 
     return get
+
+
+def open_chat(**spec):
+    """A new conversation on load_engine(LoadSpec(**spec)): the CLI's loading path."""
+    from mlx_spec.loading import load_engine
+    from mlx_spec.spec import LoadSpec
+
+    return load_engine(LoadSpec(**spec)).conversation()
+
+
+def conversation(target, tokenizer, drafter=None, **engine_options):
+    """A new conversation on an Engine over these weights (draft_length=, kv_bits=)."""
+    return Engine(target, tokenizer, drafter, **engine_options).conversation()

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from helpers import PROMPT, assert_same_or_near_tie, run
+from helpers import PROMPT, assert_same_or_near_tie, conversation, run
 
-from mlx_spec.adaptive import AdaptiveDraftLength, measure_verify_costs
 from mlx_spec.drafters import DraftModelDrafter
-from mlx_spec.engine import Engine
+from mlx_spec.engine.adaptive import AdaptiveDraftLength
+from mlx_spec.engine.costs import measure_verify_costs
 
 
 def feed(policy, rounds, alpha_hits):
@@ -49,8 +49,8 @@ def test_measured_costs_and_auto_engine_is_lossless(load):
     target, tok = load("llama")
     costs = measure_verify_costs(target, 4, context=32, repeats=1)
     assert len(costs) == 5 and all(c > 0 for c in costs)
-    baseline, _ = run(Engine(target, tok, None))
-    engine = Engine(target, tok, DraftModelDrafter(target, target), num_draft="auto")
+    baseline, _ = run(conversation(target, tok, None))
+    engine = conversation(target, tok, DraftModelDrafter(target, target), draft_length="auto")
     end, _ = run(engine)
     assert end.stats.adaptive and engine.policy is not None
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), list(baseline.tokens))
@@ -101,7 +101,7 @@ def test_policies_are_kept_per_drafter_and_per_greedy_or_sampled(load):
     from mlx_spec.sampling import SamplingConfig
 
     target, tok = load("llama")
-    engine = Engine(target, tok, DraftModelDrafter(target, target), num_draft="auto")
+    engine = conversation(target, tok, DraftModelDrafter(target, target), draft_length="auto")
     run(engine, max_tokens=12)
     greedy = engine.policy
     run(engine, max_tokens=12, sampling=SamplingConfig(temperature=1.0, seed=0))
@@ -330,7 +330,7 @@ def test_plain_runs_are_charged_their_first_step(load, monkeypatch):
     seen = []
     monkeypatch.setattr(AdaptiveDraftLength, "observe_plain",
                         lambda self, seconds, tokens=1: seen.append((seconds, tokens)))
-    engine = Engine(target, tok, DraftModelDrafter(target, target), num_draft="auto")
+    engine = conversation(target, tok, DraftModelDrafter(target, target), draft_length="auto")
     end, _ = run(engine, max_tokens=12)
     tokens = sum(t for _, t in seen)
     assert tokens == end.stats.generated_tokens == 12

@@ -22,7 +22,7 @@ from eagle3 import (
     write_head,
     write_target,
 )
-from helpers import assert_same_or_near_tie, checked, loaded_pairs, run
+from helpers import assert_same_or_near_tie, checked, conversation, loaded_pairs, open_chat, run
 from mlx.utils import tree_flatten
 from reference import eagle3 as ref
 from test_engine_sampling import assert_both_paths_taken, chi2_pvalue, sample_pairs, target_joint
@@ -30,9 +30,7 @@ from test_engine_sampling import assert_both_paths_taken, chi2_pvalue, sample_pa
 from mlx_spec import cache as kv
 from mlx_spec.drafters import DraftContext
 from mlx_spec.drafters.eagle3 import load_eagle3
-from mlx_spec.engine import Engine
 from mlx_spec.errors import ModelLoadError
-from mlx_spec.loading import load_engine
 from mlx_spec.sampling import Sampler, SamplingConfig
 
 PROMPT = [int(x) for x in draft_vocabulary()[:20]]
@@ -102,9 +100,9 @@ def test_drafts_match_the_reference(pair, pair_dir, kind):
     tokens = PROMPT
     cache = kv.make_cache(target.model)
     _, taps = target.forward(tokens[:-1], cache, hidden=drafter.needs_hidden)
-    drafter.reset()
-    drafter.commit(DraftContext(target, tokens, cache, taps, 0), 0)
-    draft = drafter.draft(DraftContext(target, tokens, cache), 3,
+    state = drafter.new_state()
+    drafter.commit(state, DraftContext(target, tokens, cache, taps, 0), 0)
+    draft = drafter.draft(state, DraftContext(target, tokens, cache), 3,
                           Sampler(SamplingConfig(temperature=1.0, seed=5)))
     table = np.array(target.embed(mx.arange(VOCAB)), np.float64)
     emb = list(table[tokens[1:]])  # entry i pairs token i + 1 with the taps at i
@@ -124,8 +122,8 @@ def test_known_answer_head_drafts_the_next_token(pair, kind):
     """Its first draft is x_{t+2} exactly (deeper ones are not: it was built for one step)."""
     target, tok, drafter = pair(kind)
     for k in (1, 3):
-        end, _ = run(Engine(target, tok, drafter, num_draft=k), prompt=orbit(PROMPT[0], 20),
-                     max_tokens=40)
+        end, _ = run(conversation(target, tok, drafter, draft_length=k),
+                     prompt=orbit(PROMPT[0], 20), max_tokens=40)
         assert end.stats.drafted > 10
         if k == 1:
             assert end.stats.accepted == end.stats.drafted, end.stats
@@ -137,15 +135,15 @@ def test_known_answer_head_drafts_the_next_token(pair, kind):
 def test_greedy_identity_and_head_cache_equals_recompute(pair, kind):
     target, tok, drafter = pair(kind)
     prompt = orbit(PROMPT[0], 20) if kind == "agree" else PROMPT
-    want, _ = run(Engine(target, tok, None), prompt=prompt, max_tokens=40)
+    want, _ = run(conversation(target, tok, None), prompt=prompt, max_tokens=40)
     for k in (1, 2, 4):
-        engine = Engine(target, tok, drafter, num_draft=k)
+        engine = conversation(target, tok, drafter, draft_length=k)
         checked(engine)  # target caches, the taps history, the head's own KV: a recompute
         got, _ = run(engine, prompt=prompt, max_tokens=40)
         assert_same_or_near_tie(target, prompt, list(got.tokens), list(want.tokens))
         second = engine.tokens + PROMPT[:3]
         got2, _ = run(engine, prompt=second, max_tokens=16)
-        want2, _ = run(Engine(target, tok, None), prompt=second, max_tokens=16)
+        want2, _ = run(conversation(target, tok, None), prompt=second, max_tokens=16)
         assert_same_or_near_tie(target, second, list(got2.tokens), list(want2.tokens))
 
 
@@ -153,7 +151,7 @@ def test_eagle3_speculation_samples_the_target_distribution(pair):
     target, tok, drafter = pair("soft")
     cfg = dict(temperature=1.0, top_p=0.9)
     prompt = orbit(PROMPT[0], 12)
-    engine = Engine(target, tok, drafter, num_draft=2)
+    engine = conversation(target, tok, drafter, draft_length=2)
     tally = []
     pairs = sample_pairs(engine, cfg, tally, prompt=prompt)
     assert_both_paths_taken(tally)
@@ -164,10 +162,10 @@ def test_eagle3_speculation_samples_the_target_distribution(pair):
 
 def test_draft_model_dir_is_recognised_and_sets_the_draft_length(pair_dir):
     target_dir, head_dir = pair_dir("random")
-    engine = load_engine(target_dir, draft_model=head_dir)
+    engine = open_chat(model=target_dir, draft_model=head_dir)
     assert engine.drafter.name == "draft-eagle3"
-    assert (engine.num_draft, engine.adaptive) == (3, False)  # speculative_tokens
-    assert load_engine(target_dir, draft_model=head_dir, num_draft="auto").adaptive
+    assert (engine.draft_length, engine.adaptive) == (3, False)  # speculative_tokens
+    assert open_chat(model=target_dir, draft_model=head_dir, num_draft="auto").adaptive
 
 
 def test_wrong_width_missing_tensor_and_bad_taps_are_one_line(tmp_path, pair, pair_dir):

@@ -12,13 +12,13 @@ from helpers import (
     assert_same_or_near_tie,
     assert_turn_matches_fresh,
     checked,
+    conversation,
     run,
     stored_kv,
 )
 from mlx_lm.generate import generate_step
 
 from mlx_spec.drafters import DraftModelDrafter, NgramDrafter
-from mlx_spec.engine import Engine
 from mlx_spec.events import Kind
 
 
@@ -37,7 +37,7 @@ def baselines(load):
     def get(arch, bits):
         if (arch, bits) not in memo:
             target, tok = load(arch, bits=bits)
-            end, _ = run(Engine(target, tok, None))
+            end, _ = run(conversation(target, tok, None))
             ref = mlx_lm_greedy(target, PROMPT, MAX)
             assert_same_or_near_tie(target, PROMPT, list(end.tokens), ref, bits)
             memo[(arch, bits)] = list(end.tokens)
@@ -53,7 +53,7 @@ def baselines(load):
 def test_greedy_identity_draft_model(load, baselines, arch, bits, which, k):
     target, tok = load(arch, bits=bits)
     draft, _ = load(arch, seed=0 if which == "self" else 1, bits=bits)
-    engine = Engine(target, tok, DraftModelDrafter(draft, target), num_draft=k)
+    engine = conversation(target, tok, DraftModelDrafter(draft, target), draft_length=k)
     rounds = checked(engine)
     end, events = run(engine)
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), baselines(arch, bits), bits)
@@ -71,7 +71,7 @@ def test_greedy_identity_draft_model(load, baselines, arch, bits, which, k):
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
 def test_greedy_identity_ngram(load, baselines, arch):
     target, tok = load(arch)
-    engine = Engine(target, tok, NgramDrafter(), num_draft=4)
+    engine = conversation(target, tok, NgramDrafter(), draft_length=4)
     checked(engine)
     end, _ = run(engine)
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), baselines(arch, None))
@@ -81,8 +81,8 @@ def test_sliding_window_long_context_past_buffer_drop(load):
     """Prompt + output far past the window and past the point where old entries are dropped."""
     target, tok = load("gemma3_text")
     prompt = [(i * 13) % 300 + 5 for i in range(290)]
-    ref, _ = run(Engine(target, tok, None), prompt=prompt, max_tokens=30)
-    engine = Engine(target, tok, DraftModelDrafter(target, target), num_draft=4)
+    ref, _ = run(conversation(target, tok, None), prompt=prompt, max_tokens=30)
+    engine = conversation(target, tok, DraftModelDrafter(target, target), draft_length=4)
     checked(engine)
     end, _ = run(engine, prompt=prompt, max_tokens=30)
     assert_same_or_near_tie(target, prompt, list(end.tokens), list(ref.tokens))
@@ -91,7 +91,7 @@ def test_sliding_window_long_context_past_buffer_drop(load):
 def test_multi_turn_reuses_cache_and_matches_fresh_run(load):
     target, tok = load("llama")
     draft, _ = load("llama", seed=1)
-    engine = Engine(target, tok, DraftModelDrafter(draft, target), num_draft=3)
+    engine = conversation(target, tok, DraftModelDrafter(draft, target), draft_length=3)
     checked(engine)
     first, _ = run(engine, max_tokens=10)
     turn2 = PROMPT + list(first.tokens) + [7, 8, 9]
@@ -123,11 +123,11 @@ def test_quantized_kv_cache_option(load):
 
     target, tok = load("qwen3")
     draft, _ = load("qwen3", seed=1)
-    plain, _ = run(Engine(target, tok, None, kv_bits=8))
-    engine = Engine(target, tok, DraftModelDrafter(draft, target), num_draft=4, kv_bits=8)
+    plain, _ = run(conversation(target, tok, None, kv_bits=8))
+    engine = conversation(target, tok, DraftModelDrafter(draft, target), draft_length=4, kv_bits=8)
     assert all(isinstance(c, QuantizedKVCache) for c in engine.cache)
 
-    def commit(new, valid, hidden, original=engine.commit, ahead=0):
+    def commit(new, valid, hidden, original=engine.commit, ahead=False):
         original(new, valid, hidden, ahead=ahead)
         if ahead:  # a plain step runs ahead on the pending token: checked at the next commit
             return
@@ -147,9 +147,9 @@ def test_inter_token_latency_shows_the_bursts_of_speculation(load):
     """A perfect drafter at k=4 hands over five tokens per round at once: the median gap is a
     fraction of the tail; target-only tokens come one pass apart."""
     target, tok = load("llama")
-    spec, _ = run(Engine(target, tok, DraftModelDrafter(target, target), num_draft=4),
+    spec, _ = run(conversation(target, tok, DraftModelDrafter(target, target), draft_length=4),
                   max_tokens=40)
-    plain, _ = run(Engine(target, tok, None), max_tokens=40)
+    plain, _ = run(conversation(target, tok, None), max_tokens=40)
     s, p = spec.stats, plain.stats
     assert 0 <= s.itl_p50_s <= s.itl_p90_s <= s.itl_max_s and s.itl_max_s > 0
     assert s.itl_p50_s < 0.5 * s.itl_max_s  # within a burst the gaps are near zero
@@ -168,7 +168,7 @@ def test_a_turn_ending_inside_a_round_commits_only_what_it_emitted(load, drafter
 
     target, tok = load("llama")
     spec = None if drafter == "none" else DraftModelDrafter(target, target)
-    engine = Engine(target, tok, spec, num_draft=4)
+    engine = conversation(target, tok, spec, draft_length=4)
     end, _ = run(engine, max_tokens=7)  # a perfect drafter: rounds of 5, the second cut at 2
     assert list(end.tokens) == engine.tokens[len(PROMPT):] and len(end.tokens) == 7
     assert engine.cached == len(engine.tokens) - 1
@@ -195,11 +195,11 @@ def test_repetition_penalty_on_the_device_matches_mlx_lm_and_speculation(load, a
 
     target, tok = load(arch)
     cfg = SamplingConfig(repetition_penalty=1.5, repetition_context=8)
-    plain = Engine(target, tok, None)
+    plain = conversation(target, tok, None)
     aheads = []
     original = plain.commit
 
-    def commit(new, valid, hidden, *, ahead=0):
+    def commit(new, valid, hidden, *, ahead=False):
         aheads.append(ahead)
         original(new, valid, hidden, ahead=ahead)
 
@@ -212,7 +212,7 @@ def test_repetition_penalty_on_the_device_matches_mlx_lm_and_speculation(load, a
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), ref)
     assert list(end.tokens) != mlx_lm_greedy(target, PROMPT, MAX)  # the penalty has teeth
     draft, _ = load(arch)
-    engine = Engine(target, tok, DraftModelDrafter(draft, target), num_draft=4)
+    engine = conversation(target, tok, DraftModelDrafter(draft, target), draft_length=4)
     checked(engine)
     spec, _ = run(engine, sampling=cfg)
     assert_same_or_near_tie(target, PROMPT, list(spec.tokens), list(end.tokens))

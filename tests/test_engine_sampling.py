@@ -7,10 +7,10 @@ import itertools
 
 import mlx.core as mx
 import numpy as np
+from helpers import conversation
 from scipy.stats import chisquare
 
 from mlx_spec.drafters import DraftModelDrafter
-from mlx_spec.engine import Engine
 from mlx_spec.events import TurnEnd
 from mlx_spec.sampling import SamplingConfig, probabilities
 
@@ -91,7 +91,7 @@ def chi2_pvalue(pairs, joint):
 def test_draft_model_speculation_samples_the_target_distribution(load):
     target, tok = load("llama")
     draft = blended_drafter_model(load, "llama")
-    engine = Engine(target, tok, DraftModelDrafter(draft, target), num_draft=2)
+    engine = conversation(target, tok, DraftModelDrafter(draft, target), draft_length=2)
     tally = []
     pairs = sample_pairs(engine, CFG, tally)
     assert_both_paths_taken(tally)
@@ -104,7 +104,7 @@ def test_draft_model_speculation_samples_the_target_distribution(load):
 def test_negative_control_wrong_temperature_is_detected(load):
     """The same test must reject samples from a different distribution (power check)."""
     target, tok = load("llama")
-    engine = Engine(target, tok, None)
+    engine = conversation(target, tok, None)
     pairs = sample_pairs(engine, dict(temperature=2.0, top_k=4))
     assert chi2_pvalue(pairs, target_joint(target, SamplingConfig(**CFG))) < 0.01
 
@@ -112,7 +112,7 @@ def test_negative_control_wrong_temperature_is_detected(load):
 def test_same_seed_same_output(load):
     target, tok = load("llama")
     draft, _ = load("llama", seed=1)
-    engine = Engine(target, tok, DraftModelDrafter(draft, target), num_draft=3)
+    engine = conversation(target, tok, DraftModelDrafter(draft, target), draft_length=3)
     cfg = SamplingConfig(temperature=0.8, top_p=0.9, seed=42)
     runs = [list(engine.generate(PROMPT, max_tokens=12, sampling=cfg))[-1].tokens
             for _ in range(2)]
@@ -141,7 +141,7 @@ def test_top_p_fall_back_keeps_every_cache_equal_to_a_recompute(load, monkeypatc
     target, tok = load("llama")
     cfg = SamplingConfig(temperature=1.0, top_p=0.9, seed=1)
     for drafter in (None, DraftModelDrafter(target, target)):
-        engine = Engine(target, tok, drafter, num_draft=3)
+        engine = conversation(target, tok, drafter, draft_length=3)
         rounds = checked(engine)
         end, _ = run(engine, max_tokens=24, sampling=cfg)
         assert len(end.tokens) == 24 and rounds

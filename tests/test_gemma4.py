@@ -21,7 +21,9 @@ from helpers import (
     assert_cache_equals_recompute,
     assert_same_or_near_tie,
     checked,
+    conversation,
     loaded_pairs,
+    open_chat,
     run,
 )
 from mlx.utils import tree_flatten
@@ -31,7 +33,6 @@ from test_engine_sampling import assert_both_paths_taken, chi2_pvalue, sample_pa
 from mlx_spec import cache as kv
 from mlx_spec.drafters import DraftContext, DraftModelDrafter
 from mlx_spec.drafters.assistant import load_assistant
-from mlx_spec.engine import Engine
 from mlx_spec.errors import ModelLoadError
 from mlx_spec.sampling import Sampler, SamplingConfig
 
@@ -83,9 +84,9 @@ def test_assistant_drafts_match_the_reference(pair, pair_dir, kind):
     tokens = PROMPT + [(i * 13) % 300 + 7 for i in range(30)]  # past the window (16)
     cache = kv.make_cache(target.model)
     _, h = target.forward(tokens[:-1], cache, hidden=True)
-    drafter.reset()
-    drafter.commit(DraftContext(target, tokens, cache, h, 0), 0)
-    draft = drafter.draft(DraftContext(target, tokens, cache), 3,
+    state = drafter.new_state()
+    drafter.commit(state, DraftContext(target, tokens, cache, h, 0), 0)
+    draft = drafter.draft(state, DraftContext(target, tokens, cache), 3,
                           Sampler(SamplingConfig(temperature=1.0, seed=3)))
     kvs, position = _committed_kv(target, cache), len(tokens) - 1
     table = np.array(target.embed(mx.arange(VOCAB)), np.float64)
@@ -122,7 +123,7 @@ def _committed_kv(target, cache):
 def test_known_answer_assistant_is_always_accepted(pair, kind):
     target, tok, drafter = pair(kind)
     for k in (1, 4):
-        end, _ = run(Engine(target, tok, drafter, num_draft=k), max_tokens=40)
+        end, _ = run(conversation(target, tok, drafter, draft_length=k), max_tokens=40)
         assert end.stats.accepted == end.stats.drafted > 0, (k, end.stats)
 
 
@@ -132,9 +133,9 @@ def test_known_answer_assistant_is_always_accepted(pair, kind):
 @pytest.mark.parametrize("kind", ["random", "random-clustered", "partial"])
 def test_greedy_identity_and_caches_equal_a_recompute(pair, kind):
     target, tok, drafter = pair(kind)
-    want, _ = run(Engine(target, tok, None), max_tokens=48)
+    want, _ = run(conversation(target, tok, None), max_tokens=48)
     for k in (1, 2, 4):
-        engine = Engine(target, tok, drafter, num_draft=k)
+        engine = conversation(target, tok, drafter, draft_length=k)
         rounds = checked(engine)  # target caches (sliding, full) == recompute every round
         got, _ = run(engine, max_tokens=48)
         assert_same_or_near_tie(target, PROMPT, list(got.tokens), list(want.tokens))
@@ -148,15 +149,15 @@ def test_multi_turn_and_long_past_the_window_drop(pair):
     """300 tokens: the sliding caches drop their oldest entries (in steps of 256) while
     rounds roll back; a second turn reuses the prefix. Both equal target-only decoding."""
     target, tok, drafter = pair("partial")
-    engine = Engine(target, tok, drafter, num_draft=4)
+    engine = conversation(target, tok, drafter, draft_length=4)
     got, _ = run(engine, max_tokens=300)
-    want, _ = run(Engine(target, tok, None), max_tokens=300)
+    want, _ = run(conversation(target, tok, None), max_tokens=300)
     assert_same_or_near_tie(target, PROMPT, list(got.tokens), list(want.tokens))
     assert any(getattr(c, "start", 0) > 0 for c in engine.cache), "no entry was ever dropped"
     assert_cache_equals_recompute(target, engine.cache, engine.tokens[:-1])
     second = engine.tokens + [7, 8, 9]
     got2, _ = run(engine, prompt=second, max_tokens=24)
-    want2, _ = run(Engine(target, tok, None), prompt=second, max_tokens=24)
+    want2, _ = run(conversation(target, tok, None), prompt=second, max_tokens=24)
     assert_same_or_near_tie(target, second, list(got2.tokens), list(want2.tokens))
     assert got2.stats.accepted > 0
 
@@ -164,7 +165,7 @@ def test_multi_turn_and_long_past_the_window_drop(pair):
 def test_a_draft_model_on_a_gemma4_target(pair, pair_dir):
     """The KV-shared target also verifies a plain draft model (itself here: always accepted)."""
     target, tok, _ = pair("random")
-    engine = Engine(target, tok, DraftModelDrafter(target, target), num_draft=3)
+    engine = conversation(target, tok, DraftModelDrafter(target, target), draft_length=3)
     checked(engine)
     got, _ = run(engine, max_tokens=30)
     assert got.stats.accepted == got.stats.drafted
@@ -177,7 +178,7 @@ def test_a_draft_model_on_a_gemma4_target(pair, pair_dir):
 def test_assistant_speculation_samples_the_target_distribution(pair, kind):
     target, tok, drafter = pair(kind)
     cfg = dict(temperature=1.0, top_p=0.9)
-    engine = Engine(target, tok, drafter, num_draft=2)
+    engine = conversation(target, tok, drafter, draft_length=2)
     tally = []
     pairs = sample_pairs(engine, cfg, tally, prompt=PROMPT[:12])
     assert_both_paths_taken(tally)
@@ -223,14 +224,13 @@ def test_draft_model_dir_is_recognised_and_sets_the_draft_length(pair_dir, capsy
     """--draft-model DIR finds the assistant from its config; its generation_config's
     num_assistant_tokens is the default length, -k overrides it, auto still works."""
     from mlx_spec.cli import main
-    from mlx_spec.loading import load_engine
 
     target_dir, assistant_dir = pair_dir("agree")
-    engine = load_engine(target_dir, draft_model=assistant_dir)
+    engine = open_chat(model=target_dir, draft_model=assistant_dir)
     assert engine.drafter.name == "draft-assistant"
-    assert (engine.num_draft, engine.adaptive) == (3, False)
-    assert load_engine(target_dir, draft_model=assistant_dir, num_draft="auto").adaptive
-    assert load_engine(target_dir, draft_model=assistant_dir, num_draft=5).num_draft == 5
+    assert (engine.draft_length, engine.adaptive) == (3, False)
+    assert open_chat(model=target_dir, draft_model=assistant_dir, num_draft="auto").adaptive
+    assert open_chat(model=target_dir, draft_model=assistant_dir, num_draft=5).draft_length == 5
     assert main(["generate", "--model", str(target_dir), "--draft-model", str(assistant_dir),
                  "--prompt", "def", "--max-tokens", "8"]) == 0
     assert "assistant" in capsys.readouterr().err
@@ -243,4 +243,4 @@ def test_quantized_kv_cache_is_refused_in_one_line(pair):
 
     target, tok, drafter = pair("agree")
     with pytest.raises(UnsupportedModelError, match="kv-bits"):
-        Engine(target, tok, drafter, num_draft=4, kv_bits=8)
+        conversation(target, tok, drafter, draft_length=4, kv_bits=8)

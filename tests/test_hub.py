@@ -12,15 +12,16 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from helpers import run
+from helpers import open_chat, run
 from hubserver import HubServer, hub_env, skip_retry_sleeps
 from published import CONFIGS, build_pair, write_checkpoint, write_sidecar
 
 from mlx_spec import hub
 from mlx_spec.cli import main
+from mlx_spec.errors import MlxSpecError
 from mlx_spec.hub import download as fetch_mod
 from mlx_spec.hub import heads
-from mlx_spec.loading import load_engine, load_target, make_drafter
+from mlx_spec.loading import load_target, make_drafter, quantize_mtp_head
 from mlx_spec.train.modeldir import save_model_dir
 
 ORIGINAL = "Qwen/Tiny3.5"
@@ -147,9 +148,9 @@ def test_fresh_pull_then_generate_on_the_downloaded_pair(server, capsys):
     assert launch.drafter == "draft" and launch.draft_model is not None
     assert (launch.target / "config.json").exists() and launch.target.is_relative_to(
         fetch_mod.cache_root())
-    spec = load_engine(launch.target, drafter="draft", draft_model=launch.draft_model,
+    spec = open_chat(model=launch.target, drafter="draft", draft_model=launch.draft_model,
                        num_draft=3)
-    plain = load_engine(launch.target, drafter="none")
+    plain = open_chat(model=launch.target, drafter="none")
     assert [e.token for e in run(spec)[1]] == [e.token for e in run(plain)[1]]
     assert hub.missing("tiny-pair") is None
     before = len(server.requests)
@@ -300,8 +301,8 @@ def test_mtp_head_range_read_from_the_original_checkpoint(server):
     assert served(server, ORIGINAL) < head_bytes + 3 * fetch_mod_probe() + 64 * 1024
     source = json.loads((launch.mtp / heads.SOURCE).read_text())
     assert source["bytes_read"] == served(server, ORIGINAL) - served_small(server)
-    spec = load_engine(launch.target, drafter="mtp", mtp=launch.mtp, num_draft=4)
-    plain = load_engine(launch.target, drafter="none")
+    spec = open_chat(model=launch.target, drafter="mtp", mtp=launch.mtp, num_draft=4)
+    plain = open_chat(model=launch.target, drafter="none")
     end, events = run(spec)
     assert end.stats.acceptance_rate > 0.9  # loaded right: norms shifted, halves in order
     assert [e.token for e in events] == [e.token for e in run(plain)[1]]
@@ -324,7 +325,7 @@ def served_small(srv: HubServer) -> int:
 def test_sidecar_preset_and_a_drafter_kind_not_loadable_yet(server):
     launch = hub.pull("tiny-mtp")
     assert launch.drafter == "mtp" and launch.mtp is not None
-    engine = load_engine(launch.target, drafter=launch.drafter, mtp=launch.mtp, num_draft=4)
+    engine = open_chat(model=launch.target, drafter=launch.drafter, mtp=launch.mtp, num_draft=4)
     assert run(engine)[0].stats.acceptance_rate > 0.9
     other = hub.pull("tiny-eagle")  # a kind the engine has no loader for
     assert other.drafter == "none" and "cannot be loaded yet" in other.warnings[0]
@@ -396,13 +397,13 @@ def test_a_head_read_out_of_the_original_is_quantized_when_asked(server, capsys)
     assert config["model_type"] == "qwen3_5_mtp" and config["quantization"]["bits"] == 4
     assert any(k.endswith(".scales") for k in mx.load(str(launch.mtp / "model.safetensors")))
     assert (heads.head_dir(ORIGINAL) / "model.safetensors").exists()  # as published, kept
-    spec = load_engine(launch.target, drafter="mtp", mtp=launch.mtp, num_draft=4)
-    plain = load_engine(launch.target, drafter="none")
+    spec = open_chat(model=launch.target, drafter="mtp", mtp=launch.mtp, num_draft=4)
+    plain = open_chat(model=launch.target, drafter="none")
     end, events = run(spec)
     assert end.stats.acceptance_rate > 0.9
     assert [e.token for e in events] == [e.token for e in run(plain)[1]]
-    with pytest.raises(hub.DownloadError, match="not quantized, so there is nothing to match"):
-        hub.pull(CONVERSION, quantize_mtp=True)
+    with pytest.raises(MlxSpecError, match="not quantized, so there is nothing to match"):
+        hub.pull(CONVERSION, quantize_mtp=quantize_mtp_head)
     capsys.readouterr()
     assert main(["rm", CONVERSION]) == 0
     out = capsys.readouterr().out

@@ -18,6 +18,8 @@ from helpers import (
     assert_same_or_near_tie,
     assert_turn_matches_fresh,
     checked,
+    conversation,
+    open_chat,
     run,
 )
 from mlx_lm.generate import generate_step
@@ -34,9 +36,8 @@ from test_engine_sampling import target_joint as exact_joint
 from mlx_spec import cache as kv
 from mlx_spec.cache import RecurrentCache
 from mlx_spec.drafters import DraftModelDrafter, nextn
-from mlx_spec.engine import Engine
 from mlx_spec.errors import ModelLoadError, UnsupportedModelError
-from mlx_spec.loading import find_mtp_head, load_engine, load_target, make_drafter
+from mlx_spec.loading import find_mtp_head, load_target, make_drafter
 from mlx_spec.recurrent import rollback_strategy
 from mlx_spec.sampling import SamplingConfig
 from mlx_spec.train.modeldir import build_model, save_model_dir
@@ -78,7 +79,7 @@ def loaded(checkpoints):
 @pytest.mark.parametrize("arch", HYBRID)
 def test_plain_decoding_equals_mlx_lm(loaded, arch):
     target, tok = loaded(arch)
-    engine = Engine(target, tok, None)
+    engine = conversation(target, tok, None)
     end, _ = run(engine)
     ref = [int(t) for t, _ in generate_step(mx.array(PROMPT), target.model, max_tokens=40)]
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), ref)
@@ -91,7 +92,7 @@ def test_top_p_redraw_rolls_back_the_recurrent_step_built_ahead(loaded, monkeypa
     short, that token is redrawn and the step — recurrent state included — rolled back."""
     redraws = redraws_counted(monkeypatch)
     target, tok = loaded(HYBRID[0])
-    engine = Engine(target, tok, None)
+    engine = conversation(target, tok, None)
     checked(engine)
     end, _ = run(engine, max_tokens=12,
                  sampling=SamplingConfig(temperature=1.0, top_p=0.9, seed=2))
@@ -103,10 +104,10 @@ def test_top_p_redraw_rolls_back_the_recurrent_step_built_ahead(loaded, monkeypa
 @pytest.mark.parametrize("k", [1, 2, 4, 6])
 def test_published_mtp_greedy_identity_and_state(loaded, checkpoints, arch, k):
     target, tok = loaded(arch)
-    baseline, _ = run(Engine(target, tok, None))
+    baseline, _ = run(conversation(target, tok, None))
     drafter = make_drafter("mtp", target, model_path=checkpoints(arch))
     assert drafter.cfg.kind == "nextn"
-    engine = Engine(target, tok, drafter, num_draft=k)
+    engine = conversation(target, tok, drafter, draft_length=k)
     checked(engine)
     end, _ = run(engine)
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), list(baseline.tokens))
@@ -119,13 +120,13 @@ def test_hybrid_draft_model_for_hybrid_target(loaded, k):
     """A small Qwen3.5 drafting for a Qwen3.5 target: the drafter's recurrent state is rolled
     back across several of its own forward calls."""
     target, tok = loaded("qwen3_5")
-    baseline, _ = run(Engine(target, tok, None))
+    baseline, _ = run(conversation(target, tok, None))
     draft, _ = loaded("qwen3_5", "random")
-    engine = Engine(target, tok, DraftModelDrafter(draft, target), num_draft=k)
+    engine = conversation(target, tok, DraftModelDrafter(draft, target), draft_length=k)
     checked(engine)
     end, _ = run(engine)
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), list(baseline.tokens))
-    self_engine = Engine(target, tok, DraftModelDrafter(target, target), num_draft=k)
+    self_engine = conversation(target, tok, DraftModelDrafter(target, target), draft_length=k)
     checked(self_engine)
     again, _ = run(self_engine)
     assert list(again.tokens) == list(end.tokens)
@@ -134,8 +135,8 @@ def test_hybrid_draft_model_for_hybrid_target(loaded, k):
 
 def test_multi_turn_prefix_reuse_and_history_rewrite(loaded, checkpoints):
     target, tok = loaded("qwen3_5")
-    engine = Engine(target, tok, make_drafter("mtp", target, model_path=checkpoints("qwen3_5")),
-                    num_draft=4)
+    drafter = make_drafter("mtp", target, model_path=checkpoints("qwen3_5"))
+    engine = conversation(target, tok, drafter, draft_length=4)
     checked(engine)
     first, _ = run(engine, max_tokens=12)
     turn2 = PROMPT + list(first.tokens) + [7, 8, 9]
@@ -149,8 +150,8 @@ def test_multi_turn_prefix_reuse_and_history_rewrite(loaded, checkpoints):
 @pytest.mark.parametrize("arch", HYBRID)
 def test_hybrid_mtp_samples_the_target_distribution(loaded, checkpoints, arch):
     target, tok = loaded(arch)
-    engine = Engine(target, tok, make_drafter("mtp", target, model_path=checkpoints(arch)),
-                    num_draft=2)
+    drafter = make_drafter("mtp", target, model_path=checkpoints(arch))
+    engine = conversation(target, tok, drafter, draft_length=2)
     tally = []
     prompt = PROMPT[:12]
     pairs = sample_pairs(engine, CFG, tally, prompt)
@@ -165,7 +166,7 @@ def test_hybrid_mtp_samples_the_target_distribution(loaded, checkpoints, arch):
 
 @pytest.mark.parametrize("arch", [*PUBLISHED, "deepseek_v3"])  # DeepSeek: 61 tiny layers
 def test_known_answer_head_is_accepted(checkpoints, arch):
-    engine = load_engine(checkpoints(arch, "agree"), num_draft=4)  # drafter auto: its own head
+    engine = open_chat(model=checkpoints(arch, "agree"), num_draft=4)  # drafter auto: its own head
     assert engine.drafter is not None and engine.drafter.cfg.kind == "nextn"
     end, _ = run(engine)
     assert end.stats.acceptance_rate > 0.9
@@ -185,7 +186,7 @@ def test_known_answer_catches_loader_mistakes(loaded, checkpoints, monkeypatch, 
         swapped = nextn.Layout(**{**lay.__dict__, "hidden_first": True})
         monkeypatch.setattr(nextn, "layout_for", lambda t: swapped)
     drafter = make_drafter("mtp", target, model_path=checkpoints("qwen3_5", "agree"))
-    end, _ = run(Engine(target, tok, drafter, num_draft=4))
+    end, _ = run(conversation(target, tok, drafter, draft_length=4))
     assert end.stats.acceptance_rate < 0.3
 
 
@@ -286,7 +287,7 @@ def test_sidecar_head_beside_an_mlx_conversion(mlx_conversion, checkpoints, tmp_
                          bits=bits if isinstance(bits, int) else None,
                          dtype=mx.bfloat16 if bits == "bf16" else None)
     assert find_mtp_head(model_dir, target) == side
-    engine = load_engine(model_dir, num_draft=4)  # auto finds the sidecar
+    engine = open_chat(model=model_dir, num_draft=4)  # auto finds the sidecar
     assert engine.drafter.cfg.kind == "nextn"
     end, _ = run(engine)
     assert end.stats.acceptance_rate > 0.9  # known answer, through the sidecar (and 4-bit)
@@ -347,11 +348,11 @@ def test_recurrent_models_without_rollback_decode_but_do_not_speculate(tmp_path,
                   use_conv_bias=True, time_step_rank=8, tie_word_embeddings=True)
     save_model_dir(tmp_path / "mamba", build_model(config), config, tokenizer_dir=tokenizer_dir)
     target, tok = load_target(tmp_path / "mamba")
-    end, _ = run(Engine(target, tok, None))
+    end, _ = run(conversation(target, tok, None))
     ref = [int(t) for t, _ in generate_step(mx.array(PROMPT), target.model, max_tokens=40)]
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), ref)
     with pytest.raises(UnsupportedModelError, match="cannot be rolled back"):
-        Engine(target, tok, DraftModelDrafter(target, target))
+        conversation(target, tok, DraftModelDrafter(target, target))
 
 
 @pytest.mark.parametrize("strategy", ["replay", "capture"])

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from helpers import PROMPT, assert_same_or_near_tie, assert_turn_matches_fresh, checked, run
+from helpers import (
+    PROMPT,
+    assert_same_or_near_tie,
+    assert_turn_matches_fresh,
+    checked,
+    conversation,
+    open_chat,
+    run,
+)
 from test_engine_sampling import (
     CFG,
     assert_both_paths_taken,
@@ -16,7 +24,6 @@ from test_engine_sampling import (
 
 from mlx_spec import cache as kv
 from mlx_spec.drafters.mtp import MTPConfig, MTPDrafter, load_mtp_drafter, make_head, save_mtp
-from mlx_spec.engine import Engine
 from mlx_spec.errors import ModelLoadError, TokenizerMismatchError
 from mlx_spec.sampling import SamplingConfig
 
@@ -34,8 +41,8 @@ def make_drafter(target, kind, seed=0):
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_mtp_greedy_identity_and_state(load, kind, arch, k):
     target, tok = load(arch)
-    baseline, _ = run(Engine(target, tok, None))
-    engine = Engine(target, tok, make_drafter(target, kind), num_draft=k)
+    baseline, _ = run(conversation(target, tok, None))
+    engine = conversation(target, tok, make_drafter(target, kind), draft_length=k)
     checked(engine)
     end, events = run(engine)
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), list(baseline.tokens))
@@ -48,9 +55,8 @@ def test_mtp_greedy_identity_and_state(load, kind, arch, k):
 def test_trained_mtp_sampling_matches_target_distribution():
     """The bundled demo pair's trained head: its drafts are accepted about half the time at
     these settings, so both the acceptance and the residual paths are exercised."""
-    from mlx_spec import load_engine
 
-    engine = load_engine(drafter="mtp", num_draft=2)
+    engine = open_chat(drafter="mtp", num_draft=2)
     prompt = engine.tokenizer.encode("import os\n\n\ndef read_config(path):\n    ")
     tally = []
     pairs = sample_pairs(engine, CFG, tally, prompt)
@@ -64,7 +70,7 @@ def test_random_deepseek_head_sampling_matches_target_distribution(load):
     """No trained DeepSeek-style head ships; a random one is (nearly) always rejected, so this
     checks the residual path and the head's cache bookkeeping under sampling."""
     target, tok = load("qwen3")
-    engine = Engine(target, tok, make_drafter(target, "deepseek"), num_draft=2)
+    engine = conversation(target, tok, make_drafter(target, "deepseek"), draft_length=2)
     pairs = sample_pairs(engine, CFG)
     pval = chi2_pvalue(pairs, target_joint(target, SamplingConfig(**CFG)))
     print(f"deepseek χ² p = {pval:.3f}")
@@ -105,11 +111,11 @@ def test_hidden_history_keeps_only_what_the_head_can_read(load, kind):
     what was kept still decodes exactly as target-only (the prefill hands the rows in again)."""
     target, tok = load("qwen3")
     drafter = make_drafter(target, kind)
-    engine = Engine(target, tok, drafter, num_draft=4)
+    engine = conversation(target, tok, drafter, draft_length=4)
     end, _ = run(engine, max_tokens=600)
-    want, _ = run(Engine(target, tok, None), max_tokens=600)
+    want, _ = run(conversation(target, tok, None), max_tokens=600)
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), list(want.tokens))
-    hist = drafter.hist
+    hist = engine.drafter_state.hist
     assert hist.base > 0 and hist.buf.shape[0] <= 2 * (hist.n - hist.base) + 512
     assert hist.nbytes < 620 * target.hidden_size * 4 / 2  # under half of one row per position
     edited = PROMPT[:10] + [11, 12, 13]  # shares only 10 tokens: rows from before `base`
@@ -121,12 +127,11 @@ def test_shared_kv_head_reads_a_quantized_cache_in_place(monkeypatch):
     """With an 8-bit KV cache the trained shared-KV head attends over the target's quantized
     K/V as they are (quantized SDPA): nothing is dequantized per round, its drafts are still
     accepted as often as over plain K/V, and greedy output stays the 8-bit target's own."""
-    from mlx_spec import load_engine
 
-    prompt = load_engine(drafter="none").tokenizer.encode("def read_config(path):\n    ")
-    plain = load_engine(drafter="mtp", num_draft=4)
-    quantized = load_engine(drafter="mtp", num_draft=4, kv_bits=8)
-    baseline, _ = run(load_engine(drafter="none", kv_bits=8), prompt, max_tokens=48)
+    prompt = open_chat(drafter="none").tokenizer.encode("def read_config(path):\n    ")
+    plain = open_chat(drafter="mtp", num_draft=4)
+    quantized = open_chat(drafter="mtp", num_draft=4, kv_bits=8)
+    baseline, _ = run(open_chat(drafter="none", kv_bits=8), prompt, max_tokens=48)
     want, _ = run(plain, prompt, max_tokens=48)
     calls = []  # K/V are [B, heads, L, D]: 4-d (the 8-bit embedding dequantizes 3-d rows)
     real = mx.dequantize

@@ -10,14 +10,13 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 from conftest import ARCHS, VOCAB
-from helpers import PROMPT, checked, run
+from helpers import PROMPT, checked, conversation, open_chat, run
 from mlx.utils import tree_flatten, tree_unflatten
 from test_engine_sampling import assert_both_paths_taken, chi2_pvalue, sample_pairs, target_joint
 
 from mlx_spec.drafters import DraftModelDrafter
-from mlx_spec.engine import Engine
 from mlx_spec.errors import TokenizerMismatchError
-from mlx_spec.loading import load_engine, load_target
+from mlx_spec.loading import load_target
 from mlx_spec.sampling import SamplingConfig
 from mlx_spec.train.modeldir import build_model, save_model_dir
 from mlx_spec.train.tokenizer import save_tokenizer, train_tokenizer
@@ -79,9 +78,9 @@ def test_unmasked_padded_rows_would_always_be_proposed(pair):
 @pytest.mark.parametrize(("target_dir", "draft_dir"), [("small", "loud"), ("quiet", "small")],
                          ids=["draft-padded", "target-padded"])
 def test_padded_vocabulary_draft_is_lossless_and_accepted(pair, k, target_dir, draft_dir):
-    engine = load_engine(pair[target_dir], drafter="draft", draft_model=pair[draft_dir],
+    engine = open_chat(model=pair[target_dir], drafter="draft", draft_model=pair[draft_dir],
                          num_draft=k)
-    plain = load_engine(pair[target_dir], drafter="none")
+    plain = open_chat(model=pair[target_dir], drafter="none")
     rounds = checked(engine)  # every cache equals a recompute after every round
     end, events = run(engine, max_tokens=40)
     assert [e.token for e in events] == [e.token for e in run(plain, max_tokens=40)[1]]
@@ -99,7 +98,7 @@ def test_padded_vocabulary_draft_is_lossless_and_accepted(pair, k, target_dir, d
 def test_padded_vocabulary_draft_samples_the_target_distribution(pair, target_dir, draft_dir):
     target, tok = load_target(pair[target_dir])
     draft, _ = load_target(pair[draft_dir])
-    engine = Engine(target, tok, DraftModelDrafter(draft, target), num_draft=2)
+    engine = conversation(target, tok, DraftModelDrafter(draft, target), draft_length=2)
     tally = []
     prompt = PROMPT[:12]
     pairs = sample_pairs(engine, dict(TOP_P, repetition_penalty=1.0), tally, prompt)
@@ -116,6 +115,6 @@ def test_a_different_tokenizer_is_refused_naming_what_differs(pair, tmp_path):
     save_model_dir(tmp_path / "other", build_model(config, seed=3), config,
                    tokenizer_dir=other_tok)
     with pytest.raises(TokenizerMismatchError) as e:
-        load_engine(pair["small"], drafter="draft", draft_model=tmp_path / "other")
+        open_chat(model=pair["small"], drafter="draft", draft_model=tmp_path / "other")
     message = str(e.value)
     assert "does not share" in message and "is id" in message and "\n" not in message

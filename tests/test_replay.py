@@ -7,6 +7,8 @@ import json
 import statistics
 from pathlib import Path
 
+from helpers import open_chat
+
 from mlx_spec.bench.replay import RoundCosts, record, replay
 
 # L(t) for 96 tokens of each of the bench's 3 prompts, demo MTP head on the demo f32 target
@@ -45,9 +47,8 @@ def test_auto_drafts_deep_for_a_perfect_drafter_and_stays_off_for_a_hopeless_one
 def test_a_recorded_table_predicts_the_engines_own_rounds():
     """The premise: at T = 0 the rounds' acceptance is a function of the committed text. A
     fixed-k turn on the real engine takes exactly the passes the table says."""
-    from mlx_spec import load_engine
 
-    engine = load_engine(drafter="mtp", num_draft=3)
+    engine = open_chat(drafter="mtp", num_draft=3)
     prompt = engine.tokenizer.encode("import os\n\n\ndef read_config(path):\n    ")
     runs = record(engine, prompt, 24)
     t = passes = 0

@@ -10,12 +10,13 @@ import threading
 import time
 
 import pytest
-from helpers import assert_same_or_near_tie
+from helpers import assert_same_or_near_tie, open_chat
 
 from mlx_spec import (
     EngineInThread,
     EngineProcess,
     Kind,
+    LoadSpec,
     MlxSpecError,
     ModelLoadError,
     PromptTooLongError,
@@ -23,7 +24,6 @@ from mlx_spec import (
     TokenEvent,
     TurnEnd,
     encode_chat,
-    load_engine,
 )
 
 CHAT = [{"role": "user", "content": "def add(a, b):"}]
@@ -31,7 +31,7 @@ CHAT = [{"role": "user", "content": "def add(a, b):"}]
 
 @pytest.fixture(scope="module")
 def process():
-    service = EngineProcess.start(num_draft=3)
+    service = EngineProcess.start(LoadSpec(num_draft=3))
     yield service
     service.close()
 
@@ -43,7 +43,7 @@ def turn(service, **kw) -> tuple[list[TokenEvent], TurnEnd]:
 
 
 def test_process_gives_the_engines_tokens_and_kinds(process):
-    engine = load_engine(num_draft=3)
+    engine = open_chat(num_draft=3)
     ref = [e for e in engine.generate(encode_chat(engine.tokenizer, CHAT), max_tokens=40)]
     tokens, end = turn(process, max_tokens=40)
     assert list(end.tokens) == list(ref[-1].tokens)  # same weights, same loop: exact
@@ -53,7 +53,7 @@ def test_process_gives_the_engines_tokens_and_kinds(process):
 
 
 def test_in_thread_and_process_agree_and_switch_drafters(process):
-    local = EngineInThread.load(num_draft=3)
+    local = EngineInThread.load(LoadSpec(num_draft=3))
     _, a = turn(local, max_tokens=30)
     _, b = turn(process, max_tokens=30)
     assert a.tokens == b.tokens
@@ -64,7 +64,7 @@ def test_in_thread_and_process_agree_and_switch_drafters(process):
     # speculative vs target-only greedy: equal, or parted at a measured near-tie (8-bit target)
     prompt = encode_chat(local.engine.tokenizer, CHAT)
     assert_same_or_near_tie(local.engine.target, prompt, list(c.tokens), list(a.tokens), 8)
-    assert process.configure(drafter="mtp", num_draft="auto").num_draft == "auto"
+    assert process.configure(drafter="mtp", draft_length="auto").draft_length == "auto"
     _, race = turn(process, max_tokens=30, target_only=True)
     assert race.stats.drafted == 0 and race.tokens == c.tokens  # both target-only: exact
     assert process.measure_baseline(tokens=8, repeats=1).tok_s > 0
@@ -112,9 +112,9 @@ def test_a_stop_in_the_same_instant_as_the_message_is_not_lost_nor_leaks(process
 
 def test_load_failure_and_a_dying_child_are_one_line_errors(tmp_path):
     with pytest.raises(ModelLoadError) as e:
-        EngineProcess.start(model=str(tmp_path / "missing"))
+        EngineProcess.start(LoadSpec(model=str(tmp_path / "missing")))
     assert "not found" in str(e.value) and "\n" not in str(e.value)
-    service = EngineProcess.start(num_draft=2)
+    service = EngineProcess.start(LoadSpec(num_draft=2))
     child = service._process
     child.kill()
     with pytest.raises(MlxSpecError, match="ended unexpectedly .killed by SIGKILL"):
@@ -125,7 +125,7 @@ def test_load_failure_and_a_dying_child_are_one_line_errors(tmp_path):
 
 
 def test_close_ends_the_child():
-    service = EngineProcess.start(num_draft=2)
+    service = EngineProcess.start(LoadSpec(num_draft=2))
     child = service._process
     t = time.perf_counter()
     service.close()

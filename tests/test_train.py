@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import conversation
 
 from mlx_spec.cli import main
 from mlx_spec.drafters.mtp import MTPConfig, load_mtp_drafter
-from mlx_spec.engine import Engine
 from mlx_spec.train.distill import DistillConfig, build_training_set, distill_mtp
 
 DC = DistillConfig(steps=40, batch_size=4, seq_len=32, lr=3e-3, warmup=5, save_every=20)
@@ -27,7 +27,7 @@ def test_distill_mtp_learns_and_resumes(load, tmp_path, kind):
     distill_mtp(target, data, cfg, DC, tmp_path / "mtp", progress=progress)
     assert losses[-1] < losses[0]  # it learns the target's (deterministic) continuations
     drafter = load_mtp_drafter(tmp_path / "mtp", target)
-    engine = Engine(target, tok, drafter, num_draft=3)
+    engine = conversation(target, tok, drafter, draft_length=3)
     end = list(engine.generate(list(range(5, 20)), max_tokens=10))[-1]
     assert end.stats.drafted > 0
     # a finished run resumes as a no-op from its checkpoint

@@ -5,10 +5,10 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 from conftest import ARCHS
+from helpers import conversation
 from test_mtp import make_drafter
 
 from mlx_spec.bench.widen import parameter_count, widen_mtp, widen_target
-from mlx_spec.engine import Engine
 
 
 def test_wide_target_and_mtp_head_compute_the_same_function(load):
@@ -26,7 +26,7 @@ def test_wide_target_and_mtp_head_compute_the_same_function(load):
     prompt = [(i * 29) % 300 + 5 for i in range(20)]
     outs = []
     for target, d in ((small, drafter), (wide, wide_drafter)):
-        engine = Engine(target, tok, d, num_draft=3)
+        engine = conversation(target, tok, d, draft_length=3)
         end = list(engine.generate(prompt, max_tokens=24, ignore_eos=True))[-1]
         outs.append((end.tokens, end.stats.accepted, end.stats.drafted))
     assert outs[0] == outs[1]  # same tokens, and the head proposes exactly the same drafts
@@ -58,7 +58,7 @@ def test_wide_hybrid_target_and_published_head_compute_the_same_function():
     outs = []
     for target, d in ((small, nextn_drafter(head, small)),
                       (wide, widen_nextn(nextn_drafter(head, small), small, wide))):
-        engine = Engine(target, Tok(), d, num_draft=3)
+        engine = conversation(target, Tok(), d, draft_length=3)
         end = list(engine.generate(prompt, max_tokens=24, ignore_eos=True))[-1]
         outs.append((end.tokens, end.stats.accepted, end.stats.drafted))
     assert outs[0] == outs[1]

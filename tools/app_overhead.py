@@ -22,7 +22,15 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlx_spec import Baseline, EngineInThread, EngineProcess, EngineService, TurnEnd
+from mlx_spec import (
+    Baseline,
+    EngineInThread,
+    EngineProcess,
+    EngineService,
+    LoadSpec,
+    TurnEnd,
+    parse_draft_length,
+)
 from mlx_spec_app.app import SpecChatApp
 from mlx_spec_app.history import History
 from mlx_spec_app.settings import Settings
@@ -84,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-thread", action="store_true",
                     help="the engine in this process (default: a child process, as in the app)")
     args = ap.parse_args(argv)
-    k = args.num_draft if args.num_draft == "auto" else int(args.num_draft)
+    k = parse_draft_length(args.num_draft)
     start = EngineInThread.load if args.in_thread else EngineProcess.start
-    engine = start(model=args.model, num_draft=k)
+    engine = start(LoadSpec(model=args.model, num_draft=k))
     try:
         return _compare(engine, args.tokens, args.pairs, args.budget)
     finally:

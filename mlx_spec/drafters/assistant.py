@@ -157,6 +157,24 @@ def kv_sources(target: TargetModel, n_caches: int) -> dict[str, int]:
     return {kind: i for i, kind in enumerate(types[:n_caches])}
 
 
+class AssistantState:
+    """One row of the target's hidden state: the one at `at`, which predicted the pending
+    token."""
+
+    def __init__(self) -> None:
+        self.h: mx.array | None = None
+        self.at = -1
+
+    def has_hidden(self, position: int) -> bool:
+        return self.h is not None and self.at == position
+
+    def nbytes(self) -> int:
+        return self.h.nbytes if self.h is not None else 0
+
+    def arrays(self) -> list:
+        return [self.h] if self.h is not None else []
+
+
 class AssistantDrafter:
     name = "draft-assistant"  # of kind "draft": what --draft-model DIR loads
     needs_hidden = True
@@ -167,23 +185,18 @@ class AssistantDrafter:
         self.embed_scale = float(getattr(target.backbone, "embed_scale",
                                          target.hidden_size**0.5))
         self.default_k = cfg.num_assistant_tokens
-        self.reset()
 
-    def reset(self) -> None:
-        self.h: mx.array | None = None  # the target's hidden state at position self.h_at
-        self.h_at = -1
+    def new_state(self) -> AssistantState:
+        return AssistantState()
 
-    def commit(self, ctx: DraftContext, valid: int) -> None:
+    def commit(self, state: AssistantState, ctx: DraftContext, valid: int) -> None:
         """Keep only the target's hidden row that predicted the pending token."""
         want = len(ctx.tokens) - 2
         if ctx.hidden is not None and ctx.hidden_start <= want < ctx.hidden_start + len(
                 ctx.hidden):
-            self.h, self.h_at = ctx.hidden[want - ctx.hidden_start][None, None], want
-        elif self.h_at != want:
-            self.reset()
-
-    def has_hidden(self, position: int) -> bool:
-        return self.h is not None and self.h_at == position
+            state.h, state.at = ctx.hidden[want - ctx.hidden_start][None, None], want
+        elif state.at != want:
+            state.h, state.at = None, -1
 
     def _kv(self, cache: list[Any]) -> dict[str, tuple]:
         out = {}
@@ -195,22 +208,21 @@ class AssistantDrafter:
             out[kind] = (k, v, view)
         return out
 
-    def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
+    def draft(self, state: AssistantState, ctx: DraftContext, k: int, sampler: Sampler
+              ) -> Draft:
         n = len(ctx.tokens)
-        if self.h is None or self.h_at != n - 2:
+        if not state.has_hidden(n - 2):
             return Draft()
         kv, position = self._kv(ctx.target_cache), n - 1
-        state = {"h": self.h}
+        h = state.h
 
         def step(token):
+            nonlocal h
             emb = self.target.embed(mx.array(token).reshape(1, 1)) * self.embed_scale
-            logits, state["h"] = self.module(emb, state["h"], kv, position)
+            logits, h = self.module(emb, h, kv, position)
             return logits
 
         return draft_chain(step, ctx.tokens[-1:], ctx, k, sampler)
-
-    def arrays(self) -> list:
-        return [self.h] if self.h is not None else []
 
     def nbytes(self) -> int:
         return sum(v.nbytes for _, v in tree_flatten(self.module.parameters()))

@@ -3,6 +3,10 @@
 A drafter never decides what is emitted — the target does (see sampling.py). It only has to
 (1) propose tokens, each drawn from the distribution it reports, and (2) after every round cut its
 own state back to the committed sequence, so no rejected token survives as context.
+
+A drafter object is weights, shared by every conversation on the engine; what it keeps about one
+conversation (a cache, the target's hidden rows, an n-gram index) is a `DrafterState` it makes
+with `new_state()`, owned by that conversation and handed back to every call.
 """
 
 from __future__ import annotations
@@ -48,31 +52,51 @@ class DraftContext:
     hidden_start: int = 0
 
 
+class DrafterState(Protocol):
+    """What a drafter keeps about one conversation."""
+
+    def has_hidden(self, position: int) -> bool:
+        """Hidden-state drafters: is the target's row at `position` still held? (If not, the
+        next prefill re-feeds that token.)"""
+
+    def nbytes(self) -> int:
+        """Memory of this conversation's state (its caches and rows)."""
+
+    def arrays(self) -> list[Any]:
+        """The state's arrays (evaluated by the engine at the end of every turn)."""
+
+
 class Drafter(Protocol):
     name: str
     # does commit() need the target's hidden states? True: the final ones; (i, j, ...): the
     # inputs of those layers, side by side (EAGLE-3)
     needs_hidden: bool | tuple[int, ...]
 
-    def reset(self) -> None:
-        """Forget everything (a new conversation)."""
+    def new_state(self) -> DrafterState:
+        """The state of an empty conversation."""
 
-    def commit(self, ctx: DraftContext, valid: int) -> None:
+    def commit(self, state: Any, ctx: DraftContext, valid: int) -> None:
         """The committed sequence is ctx.tokens; only its first `valid` tokens are positions the
-        drafter may have seen before. Drop all state beyond them."""
+        drafter may have seen before. Drop all of `state` beyond them."""
 
-    def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
+    def draft(self, state: Any, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
         """Propose up to k tokens following ctx.tokens."""
 
+    def nbytes(self) -> int:
+        """Memory of the weights (shared by every conversation)."""
+
+
+class HostState:
+    """A state held on the host alone: no arrays, no hidden rows (the n-gram index)."""
+
     def has_hidden(self, position: int) -> bool:
-        """Hidden-state drafters: does it still hold the target's row at `position`? (If not,
-        the next prefill re-feeds that token.)"""
+        return False
 
     def nbytes(self) -> int:
-        """Extra memory: weights plus any cache of the drafter's own."""
+        return 0
 
     def arrays(self) -> list[Any]:
-        """The drafter's state arrays (evaluated by the engine at the end of every turn)."""
+        return []
 
 
 def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler, *,

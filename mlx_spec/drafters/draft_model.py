@@ -21,6 +21,23 @@ from ..vocab import check_same
 from .base import Draft, DraftContext, draft_chain
 
 
+class DraftModelState:
+    """The draft model's own cache for one conversation, and how many tokens it holds."""
+
+    def __init__(self, cache: list):
+        self.cache = cache
+        self.cached = 0
+
+    def has_hidden(self, position: int) -> bool:
+        return False
+
+    def nbytes(self) -> int:
+        return kv.nbytes(self.cache)
+
+    def arrays(self) -> list:
+        return [c.state for c in self.cache]
+
+
 class DraftModelDrafter:
     name = "draft"
     needs_hidden = False
@@ -36,25 +53,21 @@ class DraftModelDrafter:
         if shared < self.width or draft.vocab_size != self.width:
             ids = mx.arange(self.width)
             self.impossible = mx.where(ids < shared, 0.0, -mx.inf)
-        self.reset()
+        self.new_state()  # refuses a draft model whose caches cannot roll back, at load
 
-    def reset(self) -> None:
-        self.cache = kv.make_cache(self.model.model, slack=self.slack)
-        kv.check_rollback(self.cache)
-        self.cached = 0  # tokens its cache holds
+    def new_state(self) -> DraftModelState:
+        cache = kv.make_cache(self.model.model, slack=self.slack)
+        kv.check_rollback(cache)
+        return DraftModelState(cache)
 
-    def commit(self, ctx: DraftContext, valid: int) -> None:
-        n = min(self.cached, valid)
-        if not kv.can_trim_to(self.cache, n, have=self.cached):
-            self.reset()  # a sliding-window drafter rolled too far: recompute next round
+    def commit(self, state: DraftModelState, ctx: DraftContext, valid: int) -> None:
+        n = min(state.cached, valid)
+        if not kv.can_trim_to(state.cache, n, have=state.cached):
+            # a sliding-window drafter rolled too far: recompute next round
+            state.cache, state.cached = self.new_state().cache, 0
             return
-        kv.trim_to(self.cache, n, have=self.cached)
-        self.cached = n
-
-    def _step(self, x) -> mx.array:
-        logits, _ = self.model.forward(x, self.cache)
-        self.cached += x.size if isinstance(x, mx.array) else len(x)
-        return self._at_target_width(logits[-1])
+        kv.trim_to(state.cache, n, have=state.cached)
+        state.cached = n
 
     def _at_target_width(self, logits: mx.array) -> mx.array:
         if self.impossible is None:
@@ -66,16 +79,19 @@ class DraftModelDrafter:
             logits = mx.concatenate([logits, mx.full((self.width - n,), -mx.inf, logits.dtype)])
         return logits + self.impossible.astype(logits.dtype)
 
-    def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
-        # catch up on committed tokens not yet seen (the pending one at least), then one step each
-        behind = ctx.tokens[self.cached :]
-        return draft_chain(self._step, behind, ctx, k, sampler, fed=len(behind))
+    def draft(self, state: DraftModelState, ctx: DraftContext, k: int, sampler: Sampler
+              ) -> Draft:
+        def step(x) -> mx.array:
+            logits, _ = self.model.forward(x, state.cache)
+            state.cached += x.size if isinstance(x, mx.array) else len(x)
+            return self._at_target_width(logits[-1])
 
-    def arrays(self) -> list:
-        return [c.state for c in self.cache]
+        # catch up on committed tokens not yet seen (the pending one at least), then one step each
+        behind = ctx.tokens[state.cached :]
+        return draft_chain(step, behind, ctx, k, sampler, fed=len(behind))
 
     def nbytes(self) -> int:
-        return self.model.nbytes() + kv.nbytes(self.cache)
+        return self.model.nbytes()
 
 
 def shared_vocabulary(draft: TargetModel, target: TargetModel) -> int:

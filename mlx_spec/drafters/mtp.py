@@ -228,6 +228,28 @@ def last_keys(kv: Any, n: int) -> Any:
     return kv[..., -n:, :]
 
 
+class MTPState:
+    """What a head keeps about one conversation: the target's hidden rows it may still read,
+    and an own-cache head's one-layer cache (`cached` entries, the first `trusted` tokens'
+    built from the target's own hidden states)."""
+
+    def __init__(self, dim: int, own_cache: bool):
+        self.hist = HiddenHistory(dim)
+        self.cache = [kv.KVCache()] if own_cache else []
+        self.cached = 0
+        self.trusted = 0
+
+    def has_hidden(self, position: int) -> bool:
+        return self.hist.holds(position)
+
+    def nbytes(self) -> int:
+        return self.hist.nbytes + kv.nbytes(self.cache)
+
+    def arrays(self) -> list:
+        return [c.state for c in self.cache] + ([self.hist.buf] if self.hist.buf is not None
+                                                else [])
+
+
 class MTPDrafter:
     name = "mtp"
     needs_hidden = True
@@ -258,29 +280,23 @@ class MTPDrafter:
         # own-cache heads: entry e pairs token e + first with h_{e + first - 1}. Ours start at
         # token 0 (paired with zeros); published heads at token 1 (entry i = (x_{i+1}, h_i)).
         self.first = 1 if cfg.kind in ("nextn", "eagle3") else 0
-        self.reset()
 
-    def reset(self) -> None:
-        self.hist = HiddenHistory(getattr(self.head, "input_dim", self.cfg.target_hidden_size))
-        self.cache = [kv.KVCache()] if self.cfg.kind != "shared-kv" else []
-        self.cached = 0  # own-cache heads: entries in that cache
-        self.trusted = 0  # tokens whose entries were built from the target's own hidden states
+    def new_state(self) -> MTPState:
+        return MTPState(getattr(self.head, "input_dim", self.cfg.target_hidden_size),
+                        own_cache=self.cfg.kind != "shared-kv")
 
-    def commit(self, ctx: DraftContext, valid: int) -> None:
-        self.hist.set(ctx.hidden_start, ctx.hidden, len(ctx.tokens) - 1)
-        if self.cache:
+    def commit(self, state: MTPState, ctx: DraftContext, valid: int) -> None:
+        state.hist.set(ctx.hidden_start, ctx.hidden, len(ctx.tokens) - 1)
+        if state.cache:
             # entries from draft steps 2.. were built on the head's own h', never the target's:
             # they go even when their tokens were accepted (recompute would use the target's h)
-            keep = max(0, min(self.first + self.cached, self.trusted, valid) - self.first)
-            kv.trim_to(self.cache, keep, have=self.cached)
-            self.cached = keep
-            self.trusted = keep + self.first
+            keep = max(0, min(self.first + state.cached, state.trusted, valid) - self.first)
+            kv.trim_to(state.cache, keep, have=state.cached)
+            state.cached = keep
+            state.trusted = keep + self.first
         # the next row this head reads: the newest (shared-kv), or its next entry's
-        self.hist.forget_before(self.cached + self.first - 1 if self.cache
-                                else len(ctx.tokens) - 2)
-
-    def has_hidden(self, position: int) -> bool:
-        return self.hist.holds(position)
+        state.hist.forget_before(state.cached + self.first - 1 if state.cache
+                                 else len(ctx.tokens) - 2)
 
     def _embed(self, tokens: list[int] | mx.array, position: int = -1) -> mx.array:
         x = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
@@ -290,10 +306,10 @@ class MTPDrafter:
             e = mx.concatenate([mx.zeros_like(e[:, :1]), e[:, 1:]], axis=1)
         return e
 
-    def draft(self, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
+    def draft(self, state: MTPState, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
         n = len(ctx.tokens)
-        first_row = n - 2 if not self.cache else self.cached + self.first - 1
-        if n < 2 or self.hist.n != n - 1 or not self.hist.has(first_row):
+        first_row = n - 2 if not state.cache else state.cached + self.first - 1
+        if n < 2 or state.hist.n != n - 1 or not state.hist.has(first_row):
             return Draft()
         if self.cfg.kind == "shared-kv":
             keys, values, view = target_kv(ctx.target_cache[self.cfg.kv_layer])
@@ -302,33 +318,34 @@ class MTPDrafter:
                 return self.head(self._embed(tokens), h, keys, values, self.rope, pos,
                                  view=view)
 
-            first = (ctx.tokens[-1:], self.hist.rows(n - 2, n - 1)[None], n - 1)
+            first = (ctx.tokens[-1:], state.hist.rows(n - 2, n - 1)[None], n - 1)
             fed = 1
         else:
-            start = self.cached + self.first  # catch up on every committed token not yet seen
+            start = state.cached + self.first  # catch up on every committed token not yet seen
 
             def step(tokens, h, pos):
                 n_in = tokens.size if isinstance(tokens, mx.array) else len(tokens)
-                emb = self._embed(tokens, self.cached)
+                emb = self._embed(tokens, state.cached)
                 # an explicit mask: some blocks (DeepSeek's MLA) take no "causal" shorthand
-                mask = create_causal_mask(n_in, self.cached) if n_in > 1 else None
-                self.cached += n_in
-                return self.head(emb, h, self.cache[0], mask)
+                mask = create_causal_mask(n_in, state.cached) if n_in > 1 else None
+                state.cached += n_in
+                return self.head(emb, h, state.cache[0], mask)
 
-            first = (ctx.tokens[start:], self.hist.rows(start - 1, n - 1)[None], start)
+            first = (ctx.tokens[start:], state.hist.rows(start - 1, n - 1)[None], start)
             fed = n - start
-            self.trusted = n
-        state = {"h": None, "pos": n - 1}
+            state.trusted = n
+        h, pos = None, n - 1
 
         def next_logits(x):
             # the first call reads the committed context; later ones feed back h' and a draft
-            if state["h"] is None:
-                h = step(*first)
+            nonlocal h, pos
+            if h is None:
+                out = step(*first)
             else:
-                state["pos"] += 1
-                h = step(x, state["h"], state["pos"])
-            state["h"] = h[:, -1:]
-            return self._logits(state["h"])[0, -1]
+                pos += 1
+                out = step(x, h, pos)
+            h = out[:, -1:]
+            return self._logits(h)[0, -1]
 
         return draft_chain(next_logits, None, ctx, k, sampler, fed=fed)
 
@@ -338,13 +355,8 @@ class MTPDrafter:
             return self.head.logits(h, self.target.vocab_size)
         return self.target.head(h)
 
-    def arrays(self) -> list:
-        return [c.state for c in self.cache] + ([self.hist.buf] if self.hist.buf is not None
-                                                else [])
-
     def nbytes(self) -> int:
-        weights = sum(v.nbytes for _, v in tree_flatten(self.head.parameters()))
-        return weights + self.hist.nbytes + kv.nbytes(self.cache)
+        return sum(v.nbytes for _, v in tree_flatten(self.head.parameters()))
 
 
 def save_mtp(out: Path, head: nn.Module, cfg: MTPConfig, extra: dict | None = None) -> None:

@@ -63,38 +63,13 @@ def all_copies(original: str) -> list[Path]:
     return [p for p in [raw, *sorted(raw.parent.glob(f"{raw.name}.q*"))] if p.is_dir()]
 
 
-def quantize(original: str, target_dir: Path, bits: int | None = None) -> Path:
-    """A quantized sidecar of the head read out of `original`, for the target at `target_dir`:
-    at the target's own bits and group size, or at `bits` (group size 64, or the target's).
-    The published tensors are kept; the copy is written beside them and used from then on."""
-    from ..drafters import nextn
-    from ..loading import load_target
-
-    raw = head_dir(original)
-    target, _ = load_target(target_dir, lazy=True)  # its layout and args; weights not read
-    q = dict(target.config.get("quantization") or {})
-    if bits is None and not q:
-        raise DownloadError(f"{target.name} is not quantized, so there is nothing to match: "
-                            "pass --quantize-mtp BITS (4 or 8)")
-    q = {"group_size": int(q.get("group_size", 64)), "bits": int(bits or q["bits"])}
-    head, _ = nextn.load_checkpoint_head(target, raw)
-    nextn.quantize_head(head, bits=q["bits"], group_size=q["group_size"])
-    out = raw.with_name(f"{raw.name}.q{q['bits']}")
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    nextn.save_sidecar(tmp, head, target, quantization=q)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
-
-
 def fetch_sidecar(repo: str, *, progress: ProgressFn | None = None, cancel=None) -> Path:
     return fetch(repo, patterns=["*.json", "*.safetensors"], progress=progress, cancel=cancel)
 
 
 def extract_head(original: str, *, progress: ProgressFn | None = None, cancel=None) -> Path:
     """Read only the MTP tensors of `original` into head_dir(original); returns it."""
-    from ..drafters.nextn import checkpoint_prefix
+    from ..layouts import checkpoint_prefix
 
     done = extracted_head(original)
     if done is not None:

@@ -14,10 +14,12 @@ import json
 import re
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import MlxSpecError
+from ..spec import LoadSpec
 from ..vocab import check_same, read_vocabulary
 from . import heads
 from .download import DownloadError, ProgressFn, cache_root, fetch, local_snapshot
@@ -37,7 +39,7 @@ class Plan:
 
 @dataclass(frozen=True)
 class Launch:
-    """Local paths to start the engine with (`load_engine`'s arguments)."""
+    """Local paths a pulled name resolves to; `spec()` makes them what `load_engine` takes."""
 
     name: str
     target: Path
@@ -45,6 +47,12 @@ class Launch:
     draft_model: Path | None = None
     mtp: Path | None = None
     warnings: tuple[str, ...] = field(default=())
+
+    def spec(self, user: LoadSpec | None = None) -> LoadSpec:
+        """What to load: `user`'s spec on this target, this pair's drafter filling only what
+        the user left unset (a drafter kind, draft model or MTP head they chose is kept)."""
+        return (user or LoadSpec()).completed_by(model=self.target, drafter=self.drafter,
+                                                 draft_model=self.draft_model, mtp=self.mtp)
 
     def to_dict(self) -> dict:
         paths = ("target", "draft_model", "mtp")
@@ -80,10 +88,11 @@ def resolve(name: str, *, drafter: str | None = None) -> Plan:
 
 def pull(name: str, *, drafter: str | None = None, progress: ProgressFn | None = None,
          cancel: threading.Event | None = None, verify: bool = False,
-         quantize_mtp: bool | int = False) -> Launch:
+         quantize_mtp: Callable[[Path, Path], Path] | None = None) -> Launch:
     """Fetch what `name` needs (resuming anything interrupted) and say how to launch it.
-    quantize_mtp: a head read out of an original checkpoint is quantized like the target
-    (True) or to that many bits; a sidecar repo's head is used as published."""
+    quantize_mtp(head, target): a head read out of an original checkpoint is handed to it and
+    its result used (loading.quantize_mtp_head: MLX work, which hub/ does not import); a
+    sidecar repo's head is used as published."""
     plan = resolve(name, drafter=drafter)
     fetched: dict[str, Path] = {}
 
@@ -93,10 +102,9 @@ def pull(name: str, *, drafter: str | None = None, progress: ProgressFn | None =
 
     def head(original: str) -> Path:
         path = heads.extract_head(original, progress=progress, cancel=cancel)
-        if quantize_mtp is False:
+        if quantize_mtp is None:
             return path
-        bits = None if quantize_mtp is True else int(quantize_mtp)
-        return heads.quantize(original, fetched[plan.target], bits)
+        return quantize_mtp(heads.head_dir(original), fetched[plan.target])  # the raw head
 
     try:
         return _launch(plan, get, head, readme=lambda repo: _readme(repo, progress, cancel))
@@ -178,7 +186,7 @@ def _config(path: Path) -> dict:
 
 def _needs_head(target: Path) -> bool:
     """The config declares an MTP module the checkpoint does not carry (an MLX conversion)."""
-    from ..drafters.nextn import checkpoint_prefix, tensor_names
+    from ..layouts import checkpoint_prefix, tensor_names
 
     prefix = checkpoint_prefix(_config(target))
     return prefix is not None and not any(n.startswith(prefix) for n in tensor_names(target))

@@ -194,7 +194,7 @@ def tokens_per_pass(target: TargetModel, tokenizer: Any, head: nn.Module, cfg: M
     from ..drafters.mtp import MTPDrafter
     from ..engine import Engine
 
-    engine = Engine(target, tokenizer, MTPDrafter(head, cfg, target), num_draft=k)
+    engine = Engine(target, tokenizer, MTPDrafter(head, cfg, target), draft_length=k).conversation()
     generated = passes = 0
     for p in prompts:
         engine.reset()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import OptionList
 
-from mlx_spec import EngineInThread, EngineProcess
+from mlx_spec import EngineInThread, EngineProcess, LoadSpec
 from mlx_spec_app.app import SpecChatApp
 from mlx_spec_app.history import History
 from mlx_spec_app.models import WelcomeScreen
@@ -26,7 +26,7 @@ def engine():
     # engine process, is tested at the end of this file.
     # k fixed at 3: every round drafts, so answers always hold drafted-token kinds ("auto" may
     # turn speculation off on a CPU, where the quantized target cannot gain from it)
-    return EngineInThread.load(num_draft=3)
+    return EngineInThread.load(LoadSpec(num_draft=3))
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ async def test_history_survives_a_restart(engine, baseline, home):
 
 async def test_settings_drafter_off_gives_target_tokens(engine, baseline, home):
     app = make_app(engine, baseline)
-    original = engine.engine.drafter
+    original = engine.conversation.drafter
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("ctrl+s")
         screen = app.screen
@@ -153,25 +153,25 @@ async def test_settings_drafter_off_gives_target_tokens(engine, baseline, home):
         screen.query_one("#drafter").value = "none"
         await pilot.press("ctrl+s")  # save
         await idle(pilot)
-        assert engine.engine.drafter is None
+        assert engine.conversation.drafter is None
         answer = await send(pilot, "def h(x):")
         assert set(answer.kinds) == {"target"} and answer.stats.drafted == 0
         app.apply_settings((Settings(max_tokens=24), EngineChoice("mtp", 3)))
         await idle(pilot)
-        assert engine.engine.drafter is original  # the same drafter object back, nothing reloaded
+        assert engine.conversation.drafter is original  # the same object back
 
 
 async def test_race_shows_both_speeds(engine, baseline, home):
     app = make_app(engine, baseline)
     async with app.run_test(size=SIZE) as pilot:
         answer = await send(pilot, "def race(x):")
-        drafter = engine.engine.drafter
+        drafter = engine.conversation.drafter
         await pilot.press("f5")
         await idle(pilot)
         line = str(answer.query_one(".race").render())
         assert "speculative" in line and "target-only" in line and "tok/s" in line
         assert "same tokens" in line or "differ" in line
-        assert engine.engine.drafter is drafter  # the race never touched the main engine
+        assert engine.conversation.drafter is drafter  # the race never touched the main engine
 
 
 async def test_copy_answer_and_code_block(engine, baseline, home):

@@ -1,0 +1,283 @@
+"""One conversation on an engine's weights: its committed tokens, the target's caches, the
+drafter's state for this conversation, the draft-length policy's evidence — and the verbs a
+round is made of (prefill, draft, verify, commit, and plain decoding).
+
+State between rounds: `tokens`, the committed sequence. Its last token is *pending*: the target
+has not run on it yet, so the target cache holds exactly tokens[:-1] (`cached` counts what the
+caches hold; the conversation keeps that count, since recurrent caches have no offset).
+
+Batching later: every verb reads and writes this object only (its tokens, caches, drafter
+state), and a round's inputs are device arrays, so a batch of conversations is a batched
+`verify` over their stacked [pending, d_1..d_k] with the caches of each, followed by each one's
+own `commit`; the turn loop (turn.py) and the schedule stay per conversation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import mlx.core as mx
+
+from .. import cache as kv
+from ..drafters.base import Draft, DraftContext, Drafter
+from ..events import Event
+from ..sampling import Sampler, SamplingConfig, Tokens
+from ..spec import DraftLength, check_draft_length, max_draft_for
+from .adaptive import AdaptiveDraftLength
+from .turn import play
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+PREFILL_CHUNK = 512
+
+
+class Conversation:
+    """A conversation's state beside an Engine's shared weights (Engine.conversation())."""
+
+    def __init__(self, engine: Engine, drafter: Drafter | None, draft_length: DraftLength):
+        check_draft_length(draft_length)
+        self.engine, self.target, self.tokenizer = engine, engine.target, engine.tokenizer
+        self.drafter = drafter
+        self.draft_length: DraftLength = draft_length  # k, or "auto" (chosen each round)
+        self.max_draft = max_draft_for(draft_length)  # the longest draft any round may use
+        # one policy per drafter and per greedy / sampled (acceptance differs between them)
+        self.policies: dict[tuple[str, bool], AdaptiveDraftLength] = {}
+        self.policy: AdaptiveDraftLength | None = None  # the last turn's (None: a fixed k)
+        self.eos = set(engine.eos)
+        self.reset()
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the conversation: empty caches, a fresh drafter state."""
+        slack = max(16, 2 * (self.max_draft + 2))
+        self.cache = kv.make_cache(self.target.model, slack=slack, kv_bits=self.engine.kv_bits)
+        self.drafter_state: Any = None
+        if self.drafter is not None:
+            kv.check_rollback(self.cache)
+            self.drafter_state = self.drafter.new_state()
+        self.tokens: list[int] = []
+        self.cached = 0  # tokens the target cache holds
+
+    def set_drafter(self, drafter: Drafter | None) -> None:
+        """Switch drafters. The conversation is re-prefilled next turn, since a drafter that
+        keeps state (an MTP cache) needs the target's hidden states of every position."""
+        self.drafter = drafter
+        self.reset()
+
+    def set_draft_length(self, draft_length: DraftLength) -> None:
+        """Draft length for later turns: an int 1..MAX_DRAFT, or "auto"."""
+        check_draft_length(draft_length)
+        old = self.max_draft
+        self.draft_length, self.max_draft = draft_length, max_draft_for(draft_length)
+        if self.max_draft > old:  # sliding-window caches need rollback slack for a longer round
+            self.reset()
+
+    @property
+    def adaptive(self) -> bool:
+        return self.draft_length == "auto"
+
+    def policy_for(self, greedy: bool) -> AdaptiveDraftLength | None:
+        """The adaptive draft-length policy for this drafter and this kind of sampling, on the
+        engine's calibrated costs (None with a fixed k or no drafter)."""
+        if not self.adaptive or self.drafter is None:
+            return None
+        key = (self.drafter.name, greedy)
+        if key not in self.policies:
+            costs = self.engine.costs(self.max_draft)
+            self.policies[key] = AdaptiveDraftLength(costs.verify, plain_cost=costs.plain)
+        return self.policies[key]
+
+    def materialize(self) -> None:
+        """Evaluate every cached array before a turn ends. MLX streams are thread-local: a lazy
+        array left in a cache would need the stream of the thread that built it, which may be
+        gone when the next turn runs on another thread (as in the app)."""
+        arrays = [c.state for c in self.cache]
+        if self.drafter_state is not None:
+            arrays.append(self.drafter_state.arrays())
+        mx.eval(arrays)
+
+    def drafter_bytes(self) -> int:
+        """The drafter's weights and this conversation's drafter state."""
+        if self.drafter is None:
+            return 0
+        return self.drafter.nbytes() + self.drafter_state.nbytes()
+
+    def _context(self, hidden: mx.array | None = None, start: int = 0) -> DraftContext:
+        return DraftContext(self.target, self.tokens, self.cache, hidden, start)
+
+    @property
+    def _want_hidden(self) -> bool | tuple[int, ...]:
+        return self.drafter.needs_hidden if self.drafter is not None else False
+
+    # -- the verbs -------------------------------------------------------------------------------
+
+    def prefill(self, prompt: list[int]) -> int:
+        """Make the cache hold prompt[:-1], reusing the longest prefix already cached.
+
+        Returns how many prompt tokens were reused."""
+        reuse = min(_common_prefix(self.tokens, prompt), len(prompt) - 1, self.cached)
+        want_hidden = self._want_hidden
+        # a hidden-state drafter next reads the row of the last reused position (the one that
+        # predicts the first new token); if it no longer holds it, re-feed that one token
+        start = reuse
+        if want_hidden and reuse and not self.drafter_state.has_hidden(reuse - 1):
+            start = reuse - 1
+        if not kv.can_trim_to(self.cache, start, have=self.cached):
+            self.reset()  # e.g. a rewritten history on a recurrent model: recompute it all
+            reuse = start = 0
+        kv.trim_to(self.cache, start, have=self.cached)
+        self.tokens, self.cached = list(prompt), start
+        hidden = []
+        for i in range(start, len(prompt) - 1, PREFILL_CHUNK):
+            chunk = prompt[i : min(i + PREFILL_CHUNK, len(prompt) - 1)]
+            _, h = self.target.forward(chunk, self.cache, hidden=want_hidden)
+            self.cached += len(chunk)
+            kv.trim_to(self.cache, self.cached, have=self.cached)  # seal: nothing to take back
+            mx.eval([c.state for c in self.cache] + ([h] if h is not None else []))
+            if h is not None:
+                hidden.append(h)
+        if self.drafter is not None:
+            h = mx.concatenate(hidden) if hidden else None
+            self.drafter.commit(self.drafter_state, self._context(h, start), reuse)
+        return reuse
+
+    def draft(self, k: int, sampler: Sampler, *, split: bool = False) -> Draft:
+        """Propose up to k tokens. They stay lazy: the device starts on them while the host
+        builds the verify pass (split: wait for them here, so the draft is timed alone)."""
+        if k == 0 or self.drafter is None:
+            return Draft()
+        draft = self.drafter.draft(self.drafter_state, self._context(), k, sampler)
+        arrays = [draft.tokens] + ([draft.probs] if draft.probs is not None else [])
+        (mx.eval if split else mx.async_eval)(arrays)
+        return draft
+
+    def verify(self, draft: Draft) -> tuple[mx.array, mx.array | None]:
+        """One target forward over [pending, d_1..d_k]: logits [k+1, V] (and hidden [k+1, D]).
+        The drafts enter as device arrays: no host round trip between drafting and verifying."""
+        pending = mx.array(self.tokens[self.cached :], dtype=mx.int32)
+        inputs = mx.concatenate([pending, draft.tokens]) if draft.k else pending
+        logits, hidden = self.target.forward(inputs, self.cache, hidden=self._want_hidden)
+        self.cached += inputs.shape[0]
+        n = draft.k + 1
+        return logits[-n:], (hidden[-n:] if hidden is not None else None)
+
+    def commit(self, new: list[int], valid: int, hidden: mx.array | None, *,
+               ahead: bool = False) -> None:
+        """Append the round's kept tokens and cut every cache back to the committed sequence.
+
+        valid: how many leading tokens the drafter saw as they are now committed.
+        ahead: a plain step already runs on the new pending token (decode), and the target
+        cache keeps it."""
+        start = len(self.tokens) - 1  # position of the old pending token
+        self.tokens.extend(new)
+        if not ahead:  # (decode sealed the cache before its step ahead: nothing to cut)
+            cut = kv.trim_to(self.cache, len(self.tokens) - 1, have=self.cached)
+            if cut:  # evaluated here, so a recurrent rollback's cost is counted as commit time
+                mx.eval(cut)
+        self.cached = len(self.tokens) - 1 + ahead
+        if self.drafter is not None:
+            h = hidden[: len(new)] if hidden is not None else None
+            self.drafter.commit(self.drafter_state, self._context(h, start), valid)
+
+    def decode(self, sampler: Sampler, plan: Callable[[], bool]) -> Iterator[tuple[int, float]]:
+        """Plain decoding (no drafts), pipelined as mlx-lm's generate_step: the next step is
+        built on this step's still-lazy token before the host waits for it, so building a
+        graph overlaps the device running the one before. Yields (token, seconds it took).
+
+        plan(), asked before each token is read: whether another plain step follows it. A step
+        already built past the end (the turn stopped) is cut back, so the caches hold the
+        committed sequence again."""
+        t = time.perf_counter()  # from before the first step: on MLX's CPU backend a step may
+        # run inside the call that builds it, so a clock started after it misses a whole step
+        step = self._decode_step(mx.array(self.tokens[-1:], dtype=mx.int32), sampler)
+        try:
+            while True:
+                more = plan()
+                ahead = None
+                if more:
+                    kv.trim_to(self.cache, self.cached, have=self.cached)  # seal: this step stays
+                    ahead = self._decode_step(step.token, sampler, self._history(sampler, step))
+                token, stands = self._read(step, sampler)
+                if not stands:  # built on a discarded draw: commit cuts it back
+                    ahead = None
+                self.commit([token], len(self.tokens), step.hidden, ahead=ahead is not None)
+                now = time.perf_counter()
+                yield token, now - t
+                if not more:
+                    return
+                t = time.perf_counter()
+                if ahead is None:
+                    ahead = self._decode_step(mx.array([token], dtype=mx.int32), sampler)
+                step = ahead
+        finally:
+            committed = len(self.tokens) - 1
+            if self.cached > committed and kv.can_trim_to(self.cache, committed,
+                                                           have=self.cached):
+                kv.trim_to(self.cache, committed, have=self.cached)
+                self.cached = committed
+            # else (a recurrent model without rollback) the cache holds one token more than
+            # the invariant says; `cached` counts it, and the next prefill reuses or resets
+
+    def _history(self, sampler: Sampler, step: _Step) -> Tokens:
+        """What the step built ahead of `step` conditions on: the committed tokens, then
+        step's own token, still lazy (only a repetition penalty reads it)."""
+        if not sampler.uses_history:
+            return []
+        recent = self.tokens[max(0, len(self.tokens) - sampler.cfg.repetition_context + 1) :]
+        return mx.concatenate([mx.array(recent, dtype=mx.int32), step.token.reshape(1)])
+
+    def _decode_step(self, x: mx.array, sampler: Sampler, history: Tokens | None = None) -> _Step:
+        """One target step on token x (lazy or not), after `history` (default: the committed
+        tokens): the next token, lazy, started on the device; the step's hidden row for a
+        hidden-state drafter; the sampler's check."""
+        logits, h = self.target.forward(x, self.cache, hidden=self._want_hidden)
+        self.cached += 1
+        y, exact = sampler.next_token(logits[-1:], self.tokens if history is None else history)
+        mx.async_eval([a for a in (y, h, exact) if a is not None])
+        return _Step(y, h, exact, logits[-1:])
+
+    def _read(self, step: _Step, sampler: Sampler) -> tuple[int, bool]:
+        """The host reads a step's token (one sync, its check included): (token, whether it is
+        the token the next step was built on). A token whose top-p candidates fell short is
+        redrawn from the exact p; commit then cuts back a step built on the first draw. (The
+        history is the step's own: a step is read before its token is committed.)"""
+        if step.exact is None:
+            return int(step.token.item()), True
+        token, exact = mx.stack([step.token, step.exact.astype(mx.int32)]).tolist()
+        if exact:
+            return token, True
+        return sampler.redraw(step.logits, self.tokens), False
+
+    # -- a turn ----------------------------------------------------------------------------------
+
+    def generate(self, prompt: list[int], *, max_tokens: int = 256,
+                 sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
+                 ignore_eos: bool = False) -> Iterator[Event]:
+        """Continue the conversation with `prompt` (the whole token sequence so far: a prefix
+        shared with the previous turn is reused from the cache). Yields TokenEvents, then
+        TurnEnd. ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests)."""
+        return play(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
+                    ignore_eos=ignore_eos)
+
+
+class _Step(NamedTuple):
+    """A plain decoding step on the device: its token (lazy), hidden row, the sampler's lazy
+    top-p check (None: nothing to check), and the logits a redraw would need."""
+
+    token: mx.array
+    hidden: mx.array | None
+    exact: mx.array | None
+    logits: mx.array
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,96 @@
+"""What the target costs on this machine: one verify pass over q tokens, and one pipelined plain
+decoding step, timed on a scratch cache (the conversation's caches are never touched)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .. import cache as kv
+from ..model import TargetModel
+
+
+@dataclass(frozen=True)
+class TargetCosts:
+    """verify[q - 1]: seconds for one target pass over q tokens (q = 1..max_draft + 1), smoothed;
+    plain: seconds per token of pipelined plain decoding."""
+
+    verify: tuple[float, ...]
+    plain: float
+
+    @property
+    def max_draft(self) -> int:
+        return len(self.verify) - 1
+
+
+def measure_costs(target: TargetModel, max_draft: int) -> TargetCosts:
+    """Calibrate both, one after the other, so they see the machine in the same state."""
+    return TargetCosts(measure_verify_costs(target, max_draft), measure_plain_cost(target))
+
+
+def _scratch(target: TargetModel, context: int, *, slack: int):
+    """A scratch cache holding a fixed `context`-token prompt: (cache, prompt, its logits)."""
+    cache = kv.make_cache(target.model, slack=slack)
+    prompt = [(i * 31) % max(2, target.vocab_size - 3) + 3 for i in range(context)]
+    logits, _ = target.forward(prompt, cache)
+    mx.eval(logits)
+    return cache, prompt, logits
+
+
+def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
+                         repeats: int = 5, smooth: bool = True) -> tuple[float, ...]:
+    """Seconds for one target forward over q = 1..k_max+1 tokens after `context` tokens, on a
+    scratch cache: the fastest of `repeats` (other load only ever adds time), then smoothed by a
+    least-squares line c(q) = a + b·(q − 1), so one disturbed timing cannot flip the choice
+    (smooth=False: the fastest timings themselves, for the benchmark's efficiency)."""
+    cache, prompt, _ = _scratch(target, context, slack=k_max + 2)
+    costs = []
+    for q in range(1, k_max + 2):
+        times = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            logits, _ = target.forward(prompt[:q], cache)
+            mx.eval(logits)
+            times.append(time.perf_counter() - t0)
+            kv.trim_to(cache, context, have=context + q)
+        costs.append(min(times[1:]))  # drop the warm-up
+    return smooth_linear(costs) if smooth else tuple(costs)
+
+
+def measure_plain_cost(target: TargetModel, *, context: int = 96, steps: int = 8,
+                       repeats: int = 3) -> float:
+    """Seconds per token of plain decoding pipelined as the engine runs it (each step built on
+    the previous step's still-lazy token before the host reads that), after `context` tokens:
+    the fastest of `repeats` runs of `steps` steps. Measured beside c(q), so both see the
+    machine in the same state; each then has its own drift factor (see AdaptiveDraftLength)."""
+    cache, _, logits = _scratch(target, context, slack=steps + 2)
+    first = mx.argmax(logits[-1])
+    mx.eval(first)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        y = first
+        for _ in range(steps):
+            logits, _ = target.forward(y.reshape(1), cache)
+            ahead = mx.argmax(logits[-1])
+            mx.async_eval(ahead)
+            y.item()
+            y = ahead
+        y.item()
+        times.append((time.perf_counter() - t0) / steps)
+        kv.trim_to(cache, context, have=context + steps)
+    return min(times[1:])  # drop the warm-up
+
+
+def smooth_linear(costs: Sequence[float]) -> tuple[float, ...]:
+    """Least-squares line through (q, cost), with a slope of at least 0."""
+    n = len(costs)
+    xs = range(n)
+    mx_, my = (n - 1) / 2, sum(costs) / n
+    var = sum((x - mx_) ** 2 for x in xs) or 1.0
+    slope = max(0.0, sum((x - mx_) * (c - my) for x, c in zip(xs, costs, strict=True)) / var)
+    intercept = my - slope * mx_
+    return tuple(max(intercept + slope * x, 1e-6) for x in xs)
