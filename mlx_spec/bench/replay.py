@@ -19,25 +19,26 @@ import math
 import random
 from dataclasses import dataclass
 
-from ..adaptive import AdaptiveDraftLength
-from ..engine import Engine
+from ..engine import Conversation
+from ..engine.adaptive import AdaptiveDraftLength
+from ..engine.schedule import End, Plain, Schedule, Speculate
 from ..events import TurnEnd
 from ..sampling import Sampler, SamplingConfig
 
 
-def record(engine: Engine, prompt: list[int], tokens: int, *, depth: int = 8) -> list[int]:
+def record(conv: Conversation, prompt: list[int], tokens: int, *, depth: int = 8) -> list[int]:
     """L(t) for t < tokens: the target's greedy continuation of `prompt`, then, from each
     committed prefix, how many of `depth` greedy drafts equal it (one prefill per position:
     slow, a tool's cost, not a test's)."""
-    engine.reset()
-    end = list(engine.generate(prompt, max_tokens=tokens + depth, ignore_eos=True))[-1]
+    conv.reset()
+    end = list(conv.generate(prompt, max_tokens=tokens + depth, ignore_eos=True))[-1]
     assert isinstance(end, TurnEnd)
     out, sampler = list(end.tokens), Sampler(SamplingConfig())
     runs = []
     for t in range(tokens):
-        engine.reset()
-        engine.prefill(prompt + out[:t])
-        drafts = engine.draft(depth, sampler).tokens.tolist()
+        conv.reset()
+        conv.prefill(prompt + out[:t])
+        drafts = conv.draft(depth, sampler).tokens.tolist()
         n = 0
         while n < depth and drafts[n] == out[t + n]:
             n += 1
@@ -67,59 +68,49 @@ def replay(tables: list[list[int]], costs: RoundCosts, num_draft: int | str, *,
     rng = random.Random(seed)
     policy = None
     if num_draft == "auto":
-        policy = AdaptiveDraftLength(costs.verify, plain_cost=costs.plain,
-                                     **policy_options)
-    fixed = 0 if num_draft == "auto" else int(num_draft)
-    return [_turn(runs, costs, policy, fixed, rng, noise) for runs in tables]
+        policy = AdaptiveDraftLength(costs.verify, plain_cost=costs.plain, **policy_options)
+    schedule = Schedule(policy, 0 if num_draft == "auto" else int(num_draft), drafting=True)
+    return [_turn(runs, costs, schedule, rng, noise) for runs in tables]
 
 
-def _turn(runs: list[int], costs: RoundCosts, policy: AdaptiveDraftLength | None, fixed: int,
-          rng: random.Random, noise: float) -> float:
-    """One prompt's turn, as Engine.generate drives the policy."""
+def _turn(runs: list[int], costs: RoundCosts, schedule: Schedule, rng: random.Random,
+          noise: float) -> float:
+    """One prompt's turn, driven by the engine's own Schedule as Conversation.generate drives
+    it: a plain run lasts until the schedule asks for something else."""
     def jitter(seconds: float) -> float:
         return seconds * math.exp(rng.gauss(0.0, noise))
 
-    def choose(ahead: int = 0) -> int:
-        left = len(runs) - len(arrivals) - ahead
-        if left <= 0:
-            return -1
-        if left == 1:
-            return 0
-        return policy.choose(left - 1) if policy is not None else min(fixed, left - 1)
+    def decide(ahead: int = 0):
+        return schedule.next(left=len(runs) - len(arrivals) - ahead, room=len(runs) + 1)
 
-    if policy is not None:
-        policy.new_turn()
+    schedule.new_turn()
     now, fed, planned = 0.0, len(runs), None  # a new prompt: the drafter catches up
     arrivals: list[float] = []
     while True:
-        k = planned if planned is not None else choose()
+        step = planned or decide()
         planned = None
-        if k < 0:
+        if isinstance(step, End):
             break
-        if k == 0:  # a plain run, until the policy asks for something else
-            run_s, n = 0.0, 0
+        if isinstance(step, Plain):
             while True:
-                after = choose(ahead=1)
-                step = jitter(costs.plain)
-                now, run_s, n, fed = now + step, run_s + step, n + 1, fed + 1
+                planned = decide(ahead=1)
+                seconds = jitter(costs.plain)
+                now, fed = now + seconds, fed + 1
                 arrivals.append(now)
-                if policy is not None:
-                    policy.age()
-                if after != 0:
-                    planned = after
+                schedule.observe_plain(seconds)
+                if not isinstance(planned, Plain):
                     break
-            if policy is not None:
-                policy.observe_plain(run_s, n)
+            schedule.end_plain_run()
             continue
-        split = policy is not None and policy.split()
+        assert isinstance(step, Speculate)
+        k, split = step.k, schedule.split()
         accepted = min(runs[len(arrivals)], k)
         emitted = min(accepted + 1, len(runs) - len(arrivals))
         seconds = jitter(costs.round(k))
         now += seconds
-        if policy is not None:
-            policy.observe(k, accepted, jitter(k * costs.draft) if split else None,
-                           verify_seconds=jitter(costs.verify[k]) if split else None,
-                           round_seconds=seconds, fed=fed)
+        schedule.observe_round(k, accepted, round_s=seconds, fed=fed,
+                               draft_s=jitter(k * costs.draft) if split else None,
+                               verify_s=jitter(costs.verify[k]) if split else None)
         fed = accepted + 1
         arrivals += [now] * emitted
     span = arrivals[-1] - arrivals[0]
