@@ -1,51 +1,19 @@
 """Choosing the draft length k each round to maximise expected tokens per second.
 
-With α_i the probability that draft i is accepted given that drafts 1..i-1 were, a round with k
-drafts emits on average E(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j tokens (the +1 is the target's own token)
-and costs T(k) = o + k·d + r·c(k+1): o the round's fixed cost (sampling, commit, Python), d the
-drafter's cost per drafted token, c(q) the target's cost to verify q tokens as calibrated at load,
-and r how much slower verification has become since (it grows with the context). All three of
-o, d and r are fitted online from the rounds themselves: d and r from the rounds the engine
-times in parts (every few; the others run draft and verify as one device graph with one host
-sync, and only refine o, the residual). Once fused rounds have run, T(k) is r times a line
-a + b·k through their times (least squares with forgetting), its slope shrunk toward the
-model's d/r + c': one line through every round, not a mean per k, which read a k tried twice as
-whatever those two timings were (on this noisy host it sent k to 4 or 5 where position 4 never
-paid). T(0) = r0·p: p plain decoding's cost (pipelined as mlx-lm does) calibrated beside c(q),
-r0 its own drift, refined by whole plain runs (first step included) and, while speculation is
-on, by short plain probes, as rare as keeps their loss within 1% of the time between them.
-We pick argmax_k E(k)/T(k), with k = 0 (E = 1) whenever speculation cannot pay — e.g. a
-quantized target on a CPU, where c(q) grows linearly in q.
+A round with k drafts emits E(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j tokens on average (α_i: draft i is
+accepted given drafts 1..i-1 were; the +1 is the target's own token) and costs T(k); the policy
+picks argmax_k E(k) / T(k), with k = 0 (plain decoding, E = 1, T(0) = r0·p) when speculation
+cannot pay. T(k) = o + k·d + r·c(k+1) from the calibrated verify costs c(q) until fused rounds
+have run, then r times a least-squares line a + b·k through their times (with forgetting), its
+slope shrunk toward the model's. o, d, r and r0 are fitted online: d and r from the rounds
+timed in parts (`split()`), r0 from whole plain runs (`observe_plain`).
 
-What it has not tried it estimates, rather than assuming: α_1 is shrunk toward the drafter's
-long-run record (rounds older than α_1's own evidence, forgetting 1% per round; itself shrunk
-toward a prior), and each deeper α_i toward the estimate of the position before it, so an
-untried position starts where its neighbour is (a good drafter's deep positions look good
-until measured otherwise). That shrinkage weighs half a round: one rejection at a position
-whose neighbour reads 0.97 leaves it at ~0.3, where a weight of 2 left it at 0.65 and the next
-round tried it again.
-Speculation goes off only when the evidence says so: while on, the on/off decision reads each
-α_i at the upper end of its uncertainty (one standard error above the estimate, the error
-shrinking as √(evidence)), so a handful of rejected rounds at the start of a turn does not
-switch it off. While off it reads the estimates themselves (hysteresis): one accepted probe
-would otherwise read its untried deeper positions as ~1 and switch on into rounds that lose.
-
-Evidence ages with the text, not with the rounds: every emitted token, a round's or a plain
-one's, multiplies every position's evidence by `decay` (tested in that round or not), so what
-the drafter did ~1 / (1 − decay) tokens ago weighs little. While speculation is off, evidence
-fades back to the drafter's record, not to the prior: fading toward 0.6 switched a hopeless
-drafter back on every ~16 tokens for a few losing rounds (~5% of plain speed); now probes bring
-a drafter back when the text changes. A new turn (a new prompt) is a change of text: it keeps
-`carry` of the evidence before it, so a turn that starts where the last one was hopeless
-climbs back within a few rounds, and where speculation was off it opens with a probe round.
-Probes keep α_1 and d measured while off: every `probe_every` rounds, or as rarely as keeps a
-probe's loss against plain decoding within 1% (a probe on a tiny, overhead-bound target costs
-two plain tokens); ever less often where speculation could not pay even if every draft were
-accepted (a cost-bound target). While on, every `explore_every` rounds (every other one in the
-first 16) one draft more than the best is tried, so positions beyond the current choice get
-measured too. A drafter's catch-up over a new prompt is not charged as per-token drafting cost
-(rounds that fed it more than k_max + 1 tokens are left out of d). A round timed in parts pays
-a sync the fused ones do not: it refines d and r, never o or the fitted line.
+Each α_i is shrunk toward its neighbour (α_1 toward the drafter's long-run record); the on/off
+decision reads them one standard error high while speculation is on and as estimated while it
+is off (hysteresis). Evidence ages with every emitted token (`age`), a new turn keeps `carry`
+of it (`new_turn`); probes keep α_1 measured while off, and one draft past the choice is tried
+now and then while on. docs/DESIGN.md ("Draft length") gives the reasons and the measurements
+behind each rule.
 """
 
 from __future__ import annotations
