@@ -1,12 +1,18 @@
 """Measurement tools, outside the engine (nothing in mlx_spec's core imports them):
 
-* run.py — `mlx-spec bench`: every decoder side by side on a memory-bound target;
-* hybrid.py — its hybrid-target rows and the rollback comparison;
+* scenario.py — `mlx-spec bench`: which rows run and what they are compared with;
+* runners.py — how one row is measured (every engine the benchmark drives is built there);
+* report.py — the Markdown tables, the plot and the files a run writes;
+* parity.py — ABBA ratios for what single rows cannot settle;
+* hybrid.py — the hybrid-target rows and the rollback comparison;
+* published.py — the Gemma 4 assistant and EAGLE-3 rows (constructed pairs);
+* vocab.py — the sampler's cost at a real vocabulary size;
 * widen.py — function-preserving widening (the bench's memory-bound targets);
 * evaluate.py — acceptance of the demo drafters (`python -m mlx_spec.bench.evaluate`);
 * replay.py — the draft-length policy replayed on recorded greedy acceptance (no clock).
 """
 
-from .run import QUICK, BenchConfig, Row, bench, cmd_bench
+from .runners import QUICK, BenchConfig, Row
+from .scenario import bench, cmd_bench
 
 __all__ = ["QUICK", "BenchConfig", "Row", "bench", "cmd_bench"]

@@ -11,23 +11,9 @@ import json
 from pathlib import Path
 
 from ..assets import DEMO_DRAFT, DEMO_TARGET, DEMO_TARGET_F32, demo_model
-from ..engine import Engine
-from ..events import TurnEnd
 from ..loading import load_target, make_drafter
-from ..sampling import SamplingConfig
-from ..stats import Totals
 from ..train.corpus import prompts_from_corpus
-
-
-def measure(engine: Engine, prompts: list[list[int]], max_tokens: int, temp: float) -> dict:
-    turns = []
-    for i, ids in enumerate(prompts):
-        engine.reset()
-        cfg = SamplingConfig(temperature=temp, seed=i)
-        turns += [e.stats for e in engine.generate(ids, max_tokens=max_tokens, sampling=cfg)
-                  if isinstance(e, TurnEnd)]
-    t = Totals.from_turns(turns)
-    return {"tokens_per_pass": t.tokens_per_pass, "acceptance": t.acceptance_rate}
+from .runners import measure_acceptance
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,9 +33,9 @@ def main(argv: list[str] | None = None) -> None:
                 for k in ks if drafter == "mtp" else (4,):
                     d = make_drafter(drafter, target, model_path=path,
                                      draft_model=demo_model(DEMO_DRAFT))
-                    engine = Engine(target, tok, d, num_draft=k)
                     r = {"target": name, "drafter": drafter, "k": k, "temperature": temp,
-                         **measure(engine, prompts, args.max_tokens, temp)}
+                         **measure_acceptance(target, tok, d, k, prompts, args.max_tokens,
+                                              temp)}
                     print(f"{name:<16} {drafter:<6} k={k} T={temp:<4} "
                           f"{r['tokens_per_pass']:.2f} tokens/pass, "
                           f"acceptance {r['acceptance']:.0%}", flush=True)

@@ -19,12 +19,13 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .. import cache as kv
-from ..drafters import DraftModelDrafter, nextn
+from ..drafters import Drafter, DraftModelDrafter, nextn
 from ..drafters.mtp import nextn_drafter
 from ..model import TargetModel
 from ..recurrent import rollback_strategy
 from ..train.modeldir import build_model
-from .parity import describe
+from .parity import auto_parity, describe, target_only_parity
+from .runners import BenchConfig, Row, Runner, against_target_only, efficiency, verify_costs
 from .widen import parameter_count, widen_hybrid, widen_nextn
 
 SMALL = dict(model_type="qwen3_5", tie_word_embeddings=False, text_config=dict(
@@ -39,6 +40,7 @@ SMALL = dict(model_type="qwen3_5", tie_word_embeddings=False, text_config=dict(
 OUTPUT_PROJECTIONS = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
 # Qwen3.6-27B's published dims, for the per-position memory of each strategy at full size
 QWEN36_27B = dict(gdn_layers=48, k_heads=16, v_heads=48, head_k=128, head_v=128, conv=4)
+TARGET = "f32-hybrid"  # the rows' target column
 
 
 def agreeing_pair(config: dict[str, Any], *, seed: int = 0, noise: float = 0.0):
@@ -98,69 +100,64 @@ def full_size_bytes_per_position(strategy: str, dims: dict = QWEN36_27B) -> int:
     return per_layer * dims["gdn_layers"]
 
 
-def target_only_parity(wide: TargetModel, prompts, max_tokens: int, ours: Callable,
-                       run_mlx_lm: Callable, make_row: Callable, pairs: int = 2) -> dict:
-    """Our target-only decoding ÷ mlx-lm's generate_step on the same model, ABBA."""
-    from .parity import abba
-
-    return abba(lambda: ours(wide, None, 1, "parity", "none", "f32-hybrid", 0.0, 1.0).tok_s,
-                lambda: run_mlx_lm(wide, None, prompts, max_tokens, 0.0, 1.0, 1,
-                                   make_row("parity", "none", "mlx-lm", "f32-hybrid", 0.0, 1.0,
-                                            0)).tok_s, pairs)
-
-
-def auto_parity(wide: TargetModel, mtp, prompts: list[list[int]], k: int, ours: Callable,
-                pairs: int) -> dict:
-    """auto ÷ fixed k with the same MTP head on the rows' prompts, ABBA (the single rows
-    cannot settle a few per cent; each side is a fresh engine, as a row is)."""
-    from .parity import abba
-
-    def rate(num_draft) -> float:
-        return ours(wide, mtp, num_draft, "parity", "mtp", "f32-hybrid", 0.0, 1.0, prompts).tok_s
-
-    return abba(lambda: rate("auto"), lambda: rate(k), pairs)
-
-
-def hybrid_rows(cfg, prompts: list[list[int]], ours: Callable, run_mlx_lm: Callable,
-                make_row: Callable, efficiency: Callable, log: Callable[[str], None]
-                ) -> tuple[list, dict[str, Any]]:
+def hybrid_rows(cfg: BenchConfig, run: Runner, log: Callable[[str], None]
+                ) -> tuple[list[Row], dict[str, Any]]:
     """The row group and the rollback comparison (measured here, never asserted)."""
-    from ..adaptive import measure_verify_costs
-
     small, wide, mtp = build_hybrid(cfg.hidden, cfg.layers, cfg.ffn, cfg.hybrid_noise)
     n_params = parameter_count(wide.model)
     k = cfg.num_draft
     log(f"-- hybrid: random Qwen3.5-layout target widened to {n_params / 1e6:.0f}M params f32")
-    costs = measure_verify_costs(wide, max(8, k), repeats=7, smooth=False)
-    group = [ours(wide, None, 1, "hybrid target-only T=0", "none", "f32-hybrid", 0.0, 1.0),
-             run_mlx_lm(wide, None, prompts, cfg.max_tokens, 0.0, 1.0, k,
-                        make_row("hybrid mlx-lm generate_step T=0", "none", "mlx-lm",
-                                 "f32-hybrid", 0.0, 1.0, 0)),
-             ours(wide, DraftModelDrafter(small, wide), k, f"hybrid ours draft (twin) k={k} T=0",
-                  "draft", "f32-hybrid", 0.0, 1.0),
-             ours(wide, mtp, k, f"hybrid ours mtp k={k} T=0", "mtp", "f32-hybrid", 0.0, 1.0),
-             ours(wide, mtp, "auto", "hybrid ours mtp auto T=0", "mtp", "f32-hybrid", 0.0, 1.0)]
-    with rollback_strategy("capture"):
-        group.append(ours(wide, mtp, k, f"hybrid ours mtp k={k} T=0 (capture)", "mtp",
-                          "f32-hybrid", 0.0, 1.0))
-    group.append(ours(wide, None, 1, "hybrid target-only T=1", "none", "f32-hybrid", 1.0, 1.0))
-    group.append(ours(wide, mtp, k, f"hybrid ours mtp k={k} T=1", "mtp", "f32-hybrid", 1.0,
-                      1.0))
+    costs = verify_costs(wide, max(8, k), repeats=7)
+    group = measure_rows(run, small, wide, mtp, k)
+    against_target_only(group)
     for r in group:
-        base = next(b.tok_s for b in group if b.drafter == "none" and b.engine == "mlx-spec"
-                    and b.temperature == r.temperature)
-        r.speedup_vs_target = r.tok_s / base if base else 0.0
         if r.engine == "mlx-spec" and r.drafter != "none":
             r.efficiency = efficiency(r, costs)
-        if r.engine == "mlx-spec":
-            log(f"{r.name:<40} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}  "
-                f"{r.tokens_per_pass:.2f} tok/pass  acc {r.acceptance_rate:.0%}  "
-                f"commit {r.commit_ms_per_pass:.2f} ms/pass")
-        else:
-            log(f"{r.name:<40} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}")
+        log_row(r, log)
+    rollback = compare_rollbacks(wide, run.prompts[0], group, k, log)
+    parity = target_only_parity(run, wide, TARGET, 0.0, pairs=2)
+    log(f"hybrid target-only ÷ mlx-lm generate_step, median of ABBA pairs: {describe(parity)}")
+    auto = auto_parity(run, wide, lambda: mtp, k, TARGET, 0.0, 1.0, cfg.parity_pairs)
+    log(f"hybrid mtp auto ÷ k={k}, median of ABBA pairs: {describe(auto)}")
+    info = {"params": n_params, "parity": parity, "auto_parity": auto, "num_draft": k,
+            "noise": cfg.hybrid_noise, "rollback": rollback,
+            "verify_cost_ratio": [c / costs[0] for c in costs], "costs": costs}
+    return group, info
+
+
+def measure_rows(run: Runner, small: TargetModel, wide: TargetModel, mtp: Drafter, k: int
+                 ) -> list[Row]:
+    """Target-only, mlx-lm, the twin draft model and the MTP head (both rollbacks) at T=0;
+    target-only and the MTP head at T=1."""
+    group = [run.ours(wide, None, 1, "hybrid target-only T=0", "none", TARGET, 0.0),
+             run.mlx_lm(wide, "hybrid mlx-lm generate_step T=0", TARGET, 0.0),
+             run.ours(wide, DraftModelDrafter(small, wide), k,
+                      f"hybrid ours draft (twin) k={k} T=0", "draft", TARGET, 0.0),
+             run.ours(wide, mtp, k, f"hybrid ours mtp k={k} T=0", "mtp", TARGET, 0.0),
+             run.ours(wide, mtp, "auto", "hybrid ours mtp auto T=0", "mtp", TARGET, 0.0)]
+    with rollback_strategy("capture"):
+        group.append(run.ours(wide, mtp, k, f"hybrid ours mtp k={k} T=0 (capture)", "mtp",
+                              TARGET, 0.0))
+    group.append(run.ours(wide, None, 1, "hybrid target-only T=1", "none", TARGET, 1.0))
+    group.append(run.ours(wide, mtp, k, f"hybrid ours mtp k={k} T=1", "mtp", TARGET, 1.0))
+    return group
+
+
+def log_row(r: Row, log: Callable[[str], None]) -> None:
+    if r.engine == "mlx-spec":
+        log(f"{r.name:<40} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}  "
+            f"{r.tokens_per_pass:.2f} tok/pass  acc {r.acceptance_rate:.0%}  "
+            f"commit {r.commit_ms_per_pass:.2f} ms/pass")
+    else:
+        log(f"{r.name:<40} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}")
+
+
+def compare_rollbacks(wide: TargetModel, prompt: list[int], group: list[Row], k: int,
+                      log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Per strategy: the MTP k row's commit and verify time, and the memory its tape keeps."""
     rollback = {}
     for strategy in ("replay", "capture"):
-        per_pos, per_round = tape_bytes(wide, prompts[0], k, strategy)
+        per_pos, per_round = tape_bytes(wide, prompt, k, strategy)
         suffix = " (capture)" if strategy == "capture" else ""
         row = next(r for r in group if r.name == f"hybrid ours mtp k={k} T=0{suffix}")
         rollback[strategy] = {
@@ -171,12 +168,4 @@ def hybrid_rows(cfg, prompts: list[list[int]], ours: Callable, run_mlx_lm: Calla
         }
         log(f"rollback {strategy}: commit {row.commit_ms_per_pass:.2f} ms/round, "
             f"{per_pos / 1024:.1f} KiB per drafted position here")
-    parity = target_only_parity(wide, prompts, cfg.max_tokens, ours, run_mlx_lm, make_row)
-    log(f"hybrid target-only ÷ mlx-lm generate_step, median of ABBA pairs: {describe(parity)}")
-    auto = auto_parity(wide, mtp, prompts, k, ours, cfg.parity_pairs)
-    log(f"hybrid mtp auto ÷ k={k}, median of ABBA pairs: {describe(auto)}")
-    info = {"params": n_params, "parity": parity, "auto_parity": auto, "num_draft": k,
-            "noise": cfg.hybrid_noise, "rollback": rollback,
-            "verify_cost_ratio": [c / costs[0] for c in costs], "costs": costs}
-    return group, info
-
+    return rollback

@@ -28,11 +28,13 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from ..drafters import Drafter
 from ..drafters.assistant import AssistantConfig, AssistantDrafter, Gemma4Assistant
 from ..drafters.eagle3 import Eagle3Config, Eagle3Head
 from ..drafters.mtp import eagle3_drafter
 from ..model import TargetModel
 from ..train.modeldir import build_model
+from .runners import BenchConfig, Row, Runner, against_target_only, efficiency, verify_costs
 from .widen import parameter_count
 
 
@@ -156,30 +158,19 @@ def eagle3_pair(noise: float, seed: int = 0, *, hidden: int = 1024, layers: int 
     return target, eagle3_drafter(head, target)
 
 
-def published_rows(cfg, prompts: list[list[int]], ours_on: Callable, make_row: Callable,
-                   efficiency: Callable, log: Callable[[str], None]) -> tuple[list, dict]:
+def published_rows(cfg: BenchConfig, run: Runner, log: Callable[[str], None]
+                   ) -> tuple[list[Row], dict[str, Any]]:
     """Rows for both pairs at T=0 (k=3, auto) and T=1 (k=3), each against its own target-only."""
-    from ..adaptive import measure_verify_costs
-
     group, info = [], {}
     for name, build, noise in (("gemma4 assistant", gemma4_pair, 0.15),
                                ("eagle3", eagle3_pair, 0.0)):
         target, drafter = build(noise, hidden=cfg.hidden, layers=cfg.layers, ffn=cfg.ffn)
         n = parameter_count(target.model)
-        costs = measure_verify_costs(target, 8, repeats=5, smooth=False)
+        costs = verify_costs(target, 8, repeats=5)
         log(f"-- {name}: constructed pair on a {n / 1e6:.0f}M-param f32 {target.name} target")
-        tag = f"f32-{name.split()[0]}"
-        rows = []
-        for temp in (0.0, 1.0):
-            rows.append(ours_on(target, None, 1, f"{name}: target-only T={temp:g}", "none",
-                                tag, temp))
-            for k in ((3, "auto") if temp == 0 else (3,)):
-                rows.append(ours_on(target, drafter, k, f"{name}: ours k={k} T={temp:g}",
-                                    "draft", tag, temp))
+        rows = measure_pair(run, name, target, drafter)
+        against_target_only(rows)
         for r in rows:
-            base = next(b.tok_s for b in rows if b.drafter == "none"
-                        and b.temperature == r.temperature)
-            r.speedup_vs_target = r.tok_s / base if base else 0.0
             if r.drafter != "none":
                 r.efficiency = efficiency(r, costs)
             log(f"{r.name:<40} {r.tok_s:7.1f} tok/s  ×{r.speedup_vs_target:.2f}  "
@@ -188,3 +179,16 @@ def published_rows(cfg, prompts: list[list[int]], ours_on: Callable, make_row: C
         info[name] = {"params": n, "noise": noise, "draft_params": drafter.nbytes() // 4,
                       "verify_cost_ratio": [c / costs[0] for c in costs]}
     return group, info
+
+
+def measure_pair(run: Runner, name: str, target: TargetModel, drafter: Drafter) -> list[Row]:
+    """Target-only and the drafter at k=3 and auto at T=0; target-only and k=3 at T=1."""
+    tag = f"f32-{name.split()[0]}"
+    rows = []
+    for temp in (0.0, 1.0):
+        rows.append(run.ours(target, None, 1, f"{name}: target-only T={temp:g}", "none", tag,
+                             temp))
+        for k in ((3, "auto") if temp == 0 else (3,)):
+            rows.append(run.ours(target, drafter, k, f"{name}: ours k={k} T={temp:g}", "draft",
+                                 tag, temp))
+    return rows
