@@ -18,11 +18,11 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..engine.costs import measure_verify_costs, smooth_linear
 from ..assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
 from ..drafters import Drafter
 from ..drafters.mtp import MTPDrafter, load_mtp_drafter
 from ..engine import Engine
+from ..engine.costs import measure_verify_costs, smooth_linear
 from ..events import TokenEvent, TurnEnd
 from ..loading import find_mtp_head, load_target
 from ..model import TargetModel
