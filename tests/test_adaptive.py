@@ -314,7 +314,7 @@ def test_plain_runs_are_charged_their_first_step(load, monkeypatch):
     clock that only moves when the target runs, the policy is charged one step per token."""
     import types
 
-    import mlx_spec.engine as engine_module
+    import mlx_spec.engine.conversation as engine_module  # where plain decoding is timed
 
     target, tok = load("llama")
     clock = [0.0]
