@@ -13,6 +13,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Select, Static
 from textual.widgets.option_list import Option
 
+from mlx_spec import MlxSpecError, parse_draft_length
+
 from .history import History
 from .keys import help_rows
 from .settings import EngineChoice, Settings
@@ -82,7 +84,8 @@ class SettingsScreen(ModalScreen[tuple[Settings, EngineChoice] | None]):
             ("temperature (0 = greedy)", Input(str(s.temperature), id="temperature")),
             ("top-p", Input(str(s.top_p), id="top_p")),
             ("top-k (0 = off)", Input(str(s.top_k), id="top_k")),
-            ("draft length", Input(str(e.num_draft), id="num_draft", placeholder="1..16 or auto")),
+            ("draft length", Input(str(e.draft_length), id="draft_length",
+                                   placeholder="1..16 or auto")),
             ("drafter", Select([(d, d) for d in self.drafters], value=e.drafter, id="drafter",
                                allow_blank=False)),
             ("max tokens per answer", Input(str(c.max_tokens), id="max_tokens")),
@@ -112,15 +115,17 @@ class SettingsScreen(ModalScreen[tuple[Settings, EngineChoice] | None]):
         except ValueError as e:
             raise ValueError(str(e).replace("could not convert string to float", "not a number")
                              ) from None
-        nd = self._value("num_draft").lower()
-        if nd != "auto" and not (nd.isdigit() and 1 <= int(nd) <= 16):
-            raise ValueError("draft length must be 1..16 or auto")
+        try:  # the engine's one rule for a draft length
+            draft_length = parse_draft_length(self._value("draft_length"))
+        except MlxSpecError as e:
+            raise ValueError(str(e)) from None
+        assert draft_length is not None  # only None parses to None
         max_tokens = self._value("max_tokens")
         if not (max_tokens.isdigit() and int(max_tokens) >= 1):
             raise ValueError("max tokens must be a whole number >= 1")
         drafter = str(self.query_one("#drafter", Select).value)
         return (Settings(sampling, self._value("system_prompt"), int(max_tokens)),
-                EngineChoice(drafter, "auto" if nd == "auto" else int(nd)))
+                EngineChoice(drafter, draft_length))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.action_save() if event.button.id == "save" else self.action_cancel()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlx_spec import EngineInfo, SamplingConfig
+from mlx_spec import DraftLength, EngineInfo, SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,9 @@ class EngineChoice:
     """What needs the engine (and so an idle one) to change."""
 
     drafter: str  # a kind of mlx_spec.DRAFTERS; "none": speculation off
-    num_draft: int | str  # tokens drafted per round, or "auto"
+    draft_length: DraftLength  # tokens drafted per round, or "auto"
 
     @classmethod
     def of(cls, info: EngineInfo) -> EngineChoice:
-        return cls(info.drafter, info.num_draft)
+        """What the engine runs now."""
+        return cls(info.drafter, info.draft_length)

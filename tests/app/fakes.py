@@ -7,9 +7,11 @@ to run, so its screens can never match a stored SVG. Everything else is tested o
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 from mlx_spec import (
     Baseline,
+    DraftLength,
     EngineInfo,
     Kind,
     SamplingConfig,
@@ -38,9 +40,10 @@ STATS = TurnStats(  # fixed numbers: see the module docstring
 
 
 class FakeEngine:
-    """An EngineService replaying ANSWER."""
+    """An EngineService replaying ANSWER; configure() changes what `info` says, nothing else."""
 
-    info = EngineInfo("demo-target-q8", "mtp", 3, ("none", "mtp", "ngram"))
+    def __init__(self) -> None:
+        self.info = EngineInfo("demo-target-q8", "mtp", 3, ("none", "mtp", "ngram"))
 
     def measure_baseline(self, **_) -> Baseline:
         return Baseline(100.0, 32, "fixed for snapshots")
@@ -51,7 +54,10 @@ class FakeEngine:
             yield TokenEvent(i, text, kind)
         yield TurnEnd(STATS, "stop", tuple(range(len(ANSWER))))
 
-    def configure(self, **_) -> EngineInfo:
+    def configure(self, *, draft_length: DraftLength | None = None,
+                  drafter: str | None = None) -> EngineInfo:
+        self.info = replace(self.info, drafter=drafter or self.info.drafter,
+                            draft_length=draft_length or self.info.draft_length)
         return self.info
 
     def close(self) -> None:
