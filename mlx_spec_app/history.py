@@ -122,7 +122,8 @@ class History:
 
     # -- conversations ----------------------------------------------------------------------
 
-    def new_conversation(self, title: str, model: str = "") -> int:
+    def new_conversation(self, title: str, *, model: str = "") -> int:
+        """A conversation titled by its first message, held with `model` (the target's name)."""
         now = time.time()
         cur = self._write(
             "INSERT INTO conversations (title, model, created, updated) VALUES (?, ?, ?, ?)",

@@ -2,7 +2,8 @@
 
 Tokens go through `TokenBuffer`, which the UI drains on a timer paced by `FramePacer`: one
 `call_from_thread` per token would block the engine on the UI's event loop every token (about
-130 tok/s at most). Rare events (engine ready, turn end, failures) are posted as messages.
+130 tok/s at most). Rare events (engine ready, turn end, failures) are posted as messages
+(engine_host.py, chat_pane.py).
 """
 
 from __future__ import annotations
@@ -10,11 +11,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
-from textual.message import Message
-
-from mlx_spec import Baseline, EngineService, TokenEvent
+from mlx_spec import TokenEvent
 
 # Characters Textual's Content strips from text. Removed before spans are computed, so the
 # span offsets of coloured tokens stay aligned with the text that is displayed.
@@ -92,24 +90,3 @@ class FramePacer:
     def delay_for(self, cpu_s: float) -> float:
         return min(self.slowest, max(self.fastest, cpu_s / self.budget))
 
-
-class EngineReady(Message):
-    def __init__(self, engine: EngineService, baseline: Baseline,
-                 load_args: dict[str, Any] | None = None) -> None:
-        """load_args: what load_engine was given (None: the engine was given to the app)."""
-        super().__init__()
-        self.engine, self.baseline, self.load_args = engine, baseline, load_args
-
-
-class LoadFailed(Message):
-    def __init__(self, text: str, model: str | None) -> None:
-        super().__init__()
-        self.text, self.model = text, model
-
-
-class EngineSwitched(Message):
-    """Drafter / draft length changed (or failed to, with a message)."""
-
-    def __init__(self, error: str | None = None) -> None:
-        super().__init__()
-        self.error = error

@@ -20,14 +20,14 @@ from .fakes import FakeEngine
 
 CHILD = """
 import asyncio, sys
-from mlx_spec import Baseline
+from mlx_spec import LoadSpec
 from mlx_spec_app.app import SpecChatApp
 from mlx_spec_app.history import History
 from mlx_spec_app.settings import Settings
 from mlx_spec_app.widgets import PromptInput
 
 async def main():
-    app = SpecChatApp(model=sys.argv[1], num_draft=3, history=History())
+    app = SpecChatApp(LoadSpec(model=sys.argv[1], num_draft=3), history=History())
     async with app.run_test(size=(100, 30)) as pilot:
         while app.engine is None or app.busy:
             await pilot.pause(0.05)

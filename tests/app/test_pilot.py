@@ -104,7 +104,7 @@ async def test_escape_stops_and_keeps_partial_answer(engine, baseline, home):
             pytest.skip("the model ended its answer before esc arrived")
         assert answer.partial and answer.text
         assert str(answer.query_one(".stats").render()).startswith(STOPPED)
-        saved = app.history.messages(app.conversation)
+        saved = app.history.messages(app.chat.conversation)
         assert saved[-1]["partial"] and saved[-1]["content"] == answer.text
 
 
@@ -116,8 +116,8 @@ async def test_regenerate_replaces_the_answer(engine, baseline, home):
         await idle(pilot)
         answers = app.query(Answer)
         assert len(answers) == 1 and answers.last().text == first  # greedy: the same again
-        assert [m["role"] for m in app.messages] == ["user", "assistant"]
-        assert [m["role"] for m in app.history.messages(app.conversation)] == ["user",
+        assert [m["role"] for m in app.chat.messages] == ["user", "assistant"]
+        assert [m["role"] for m in app.history.messages(app.chat.conversation)] == ["user",
                                                                                 "assistant"]
 
 
@@ -134,10 +134,10 @@ async def test_history_survives_a_restart(engine, baseline, home):
         await pilot.pause()
         restored = app2.query(Answer).last()
         assert restored.text == text and restored.runs == kinds
-        assert [m["role"] for m in app2.messages] == ["user", "assistant"]
+        assert [m["role"] for m in app2.chat.messages] == ["user", "assistant"]
         follow_up = await send(pilot, "def more(y):")  # the engine re-prefills by itself
         assert follow_up.stats.prompt_tokens > len(text) // 8
-        assert len(app2.history.messages(app2.conversation)) == 4
+        assert len(app2.history.messages(app2.chat.conversation)) == 4
         await pilot.press("ctrl+o", "d", "escape")  # delete the open conversation
         await pilot.pause()
         assert not app2.history.conversations() and not app2.query(Answer)
@@ -217,7 +217,7 @@ async def test_newline_key_and_resize_mid_stream(engine, baseline, home):
 
 
 async def test_load_failure_shows_one_line_and_exits_2(home):
-    app = SpecChatApp(model=str(home / "no-such-model"))
+    app = SpecChatApp(LoadSpec(model=str(home / "no-such-model")))
     async with app.run_test(size=SIZE) as pilot:
         while not (isinstance(app.screen, LoadErrorScreen) and app.screen.query("#message")):
             await pilot.pause(0.05)
@@ -231,7 +231,7 @@ async def test_load_failure_shows_one_line_and_exits_2(home):
 async def test_the_app_runs_its_own_engine_in_a_child_process(home):
     """The default path (no engine handed in): the first run welcomes, the demo is its first
     choice; EngineProcess started, used, closed on exit."""
-    app = SpecChatApp(num_draft=3)
+    app = SpecChatApp(LoadSpec(num_draft=3))
     async with app.run_test(size=SIZE) as pilot:
         while not isinstance(app.screen, WelcomeScreen):
             await pilot.pause(0.05)
@@ -271,7 +271,7 @@ async def test_at_80x24_the_panel_folds_and_the_legend_is_whole(engine, baseline
 async def test_a_killed_engine_ends_the_turn_in_one_line_and_is_started_again(home):
     from mlx_spec.assets import demo_model
 
-    app = SpecChatApp(model=str(demo_model()), num_draft=3)
+    app = SpecChatApp(LoadSpec(model=str(demo_model()), num_draft=3))
     async with app.run_test(size=SIZE) as pilot:
         await idle(pilot, timeout=60)
         first = app.engine
@@ -312,5 +312,5 @@ async def test_a_message_with_bytes_that_are_not_utf8_is_replaced_with_a_notice(
     async with app.run_test(size=SIZE) as pilot:
         answer = await send(pilot, "def f(\udcff\udcfe):")  # as surrogateescape carries 0xff 0xfe
         assert answer.text and answer.stats is not None
-        assert app.messages[0]["content"] == "def f(\ufffd\ufffd):"
+        assert app.chat.messages[0]["content"] == "def f(\ufffd\ufffd):"
         assert any("not valid Unicode" in str(n.message) for n in app._notifications)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mlx_spec import Baseline, Kind, SamplingConfig, TokenEvent, Totals, TurnEnd, TurnStats
-from mlx_spec_app.chat import race_line
+from mlx_spec_app.chat_pane import race_line
 from mlx_spec_app.history import History, data_dir
 from mlx_spec_app.settings import Settings
 from mlx_spec_app.stream import TokenBuffer, clean
@@ -32,7 +32,7 @@ def test_data_dir_env_override_and_xdg(monkeypatch, tmp_path):
 def test_history_round_trip(home):
     h = History()
     assert h.path.parent == home
-    c = h.new_conversation("  a long\nfirst message " * 10, "demo")
+    c = h.new_conversation("  a long\nfirst message " * 10, model="demo")
     h.add_message(c, "user", "hi")
     h.add_message(c, "assistant", "yo", kinds=[["y", "accepted"], ["o", "target"]],
                   stats=STATS.to_dict(), partial=True)

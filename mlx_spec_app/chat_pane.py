@@ -1,10 +1,15 @@
 """The chat pane, and the one owner of its turns.
 
-`Chat` holds the conversation (and its id in the history), the answer in progress with its stop
-handle, the last finished turn (what a race re-runs), and what the engine is doing (`Busy`).
-The app's keys and screens call its verbs: `send`, `regenerate`, `race`, `stop`, `clear`,
-`open`. A turn and a race are the same worker; tokens reach the answer through a TokenBuffer
-drained on a paced timer (stream.py), turn ends and failures come back as messages.
+`ChatPane` holds the conversation (and its id in the history), the answer in progress with its
+stop handle, and the last finished turn (what a race re-runs). What it needs from outside comes
+down: the engine and its baseline (`attach`), each turn's settings (`send`, `regenerate`,
+`race`), highlighting (`set_highlight`). What the app needs to hear goes up as messages:
+`ChatPane.Finished` and `ChatPane.Failed`. The app decides when a turn may start (the engine is
+idle); the verbs say whether one started.
+
+A turn and a race are the same worker; tokens reach the answer through a TokenBuffer drained on a
+paced timer (stream.py), never a call_from_thread per token; the end or the failure comes back to
+the pane as a TurnFinished message.
 """
 
 from __future__ import annotations
@@ -12,8 +17,6 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from enum import Enum
-from typing import TYPE_CHECKING
 
 from textual import work
 from textual.containers import VerticalScroll
@@ -22,7 +25,7 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Static
 
-from mlx_spec import TokenEvent, TurnEnd, TurnStats, user_message
+from mlx_spec import Baseline, EngineService, TokenEvent, TurnEnd, TurnStats, user_message
 
 from .history import COMPLETE, STOPPED, STREAMING, History
 from .settings import Settings
@@ -30,59 +33,58 @@ from .stream import FramePacer, TokenBuffer
 from .widgets import INTERRUPTED, Answer, UserMessage, stats_line
 
 SAVE_EVERY_S = 1.0  # the streaming answer is written at most this often (kill -9 loses less)
-
-if TYPE_CHECKING:
-    from .app import SpecChatApp
-
-
-class Busy(Enum):
-    """What the engine is doing; falsy when idle. `Chat.status` adds the detail."""
-
-    IDLE = ""
-    LOADING = "loading"
-    MEASURING = "measuring the baseline…"
-    SWITCHING = "switching"
-    GENERATING = "generating"
-    RACING = "racing target-only…"
-    NOT_LOADED = "model not loaded"
-
-    def __bool__(self) -> bool:
-        return self is not Busy.IDLE
-
-    @property
-    def streaming(self) -> bool:
-        """The engine runs a turn (esc stops it)."""
-        return self in (Busy.GENERATING, Busy.RACING)
+Messages = list[dict[str, str]]
 
 
 @dataclass(frozen=True)
 class LastTurn:
     """What the race re-runs (the conversation before the answer), and what it compares with."""
 
-    messages: list[dict[str, str]]
+    messages: Messages
     end: TurnEnd
     answer: Answer
 
 
 class TurnFinished(Message):
-    """A turn or race ended (end) or failed (error): posted by the worker."""
+    """A turn or race ended (end) or failed (error): posted by the worker to the pane."""
+
+    bubble = False
 
     def __init__(self, end: TurnEnd | None, error: str = "", race: bool = False) -> None:
         super().__init__()
         self.end, self.error, self.race = end, error, race
 
 
-class Chat(VerticalScroll):
+class ChatPane(VerticalScroll):
+    """The conversation on screen and in the history, and the turns that extend it."""
+
+    class Finished(Message):
+        """A turn or a race ended; stats: the turn's (None for a race)."""
+
+        def __init__(self, stats: TurnStats | None) -> None:
+            super().__init__()
+            self.stats = stats
+
+    class Failed(Message):
+        """A turn or a race failed (the pane showed why); unsent: the user's message that was
+        taken back, for the input box."""
+
+        def __init__(self, unsent: str | None) -> None:
+            super().__init__()
+            self.unsent = unsent
+
     def __init__(self, history: History, **kwargs) -> None:
         super().__init__(**kwargs)
         self.history = history
-        self.messages: list[dict[str, str]] = []
+        self.engine: EngineService | None = None
+        self.baseline: Baseline | None = None
+        self.highlight = True
+        self.messages: Messages = []
         self.conversation: int | None = None
         self.answer: Answer | None = None  # the answer being streamed
         self.stop_event = threading.Event()
         self.last_turn: LastTurn | None = None
-        self.busy = Busy.LOADING
-        self.detail = ""  # e.g. the model being loaded
+        self._settings = Settings()  # the running (or last) turn's
         self._sent: tuple[str, int] | None = None  # (text, message id) of an unanswered send
         self._saving: int | None = None  # the row of the answer streaming now
         self._saved_at = 0.0
@@ -90,70 +92,62 @@ class Chat(VerticalScroll):
         self.pacer = FramePacer()
         self._flush_timer: Timer | None = None
 
-    @property
-    def spec_app(self) -> SpecChatApp:
-        return self.app  # type: ignore[return-value]
+    # -- what comes down -----------------------------------------------------------------------
 
-    @property
-    def status(self) -> str:
-        return f"{self.busy.value} {self.detail}…" if self.detail else self.busy.value
+    def attach(self, engine: EngineService, baseline: Baseline | None) -> None:
+        """The engine the next turns run on, and the baseline their speedups are quoted on."""
+        self.engine, self.baseline = engine, baseline
 
-    def why_busy(self) -> str | None:
-        """None when a turn can start now; else why not."""
-        if self.spec_app.engine is None:
-            return "The model is not loaded yet."
-        if self.busy:
-            return f"Busy ({self.status.rstrip('…')}): press esc to stop."
-        return None
+    def set_highlight(self, on: bool) -> None:
+        """Token colours on or off, for every answer shown and those to come."""
+        self.highlight = on
+        for answer in self.query(Answer):
+            answer.set_highlight(on)
 
     # -- verbs ---------------------------------------------------------------------------------
 
-    def send(self, text: str, title: str) -> bool:
-        """Start a turn answering `text`; False (and a notice) when it cannot start."""
-        if (why := self.why_busy()) is not None:
-            self.notify(why, severity="warning")
-            return False
+    def send(self, text: str, settings: Settings) -> None:
+        """Start a turn answering `text` (the engine is idle). The conversation is saved with
+        the model it is held with."""
         if self.conversation is None:
-            self.conversation = self.history.new_conversation(text, title)
+            model = self.engine.info.target if self.engine is not None else ""
+            self.conversation = self.history.new_conversation(text, model=model)
         self._sent = (text, self.history.add_message(self.conversation, "user", text))
         self.messages.append({"role": "user", "content": text})
         self.mount(UserMessage(text))
-        self._start_turn()
-        return True
+        self._start_turn(settings)
 
-    def regenerate(self) -> None:
-        if (why := self.why_busy()) is not None:
-            self.notify(why, severity="warning")
-            return
+    def regenerate(self, settings: Settings) -> bool:
+        """The last answer again (greedy: the same answer); False when there is none yet."""
         if not self.messages:
             self.notify("Nothing to regenerate yet.", severity="warning")
-            return
+            return False
         if self.messages[-1]["role"] == "assistant":
             self.messages.pop()
             if self.conversation is not None:
                 self.history.delete_last_answer(self.conversation)
             self.query(Answer).last().remove()
         self._sent = None
-        self._start_turn()
+        self._start_turn(settings)
+        return True
 
-    def race(self) -> None:
+    def race(self, settings: Settings) -> bool:
         """The last prompt again, target-only on the same weights (the main engine's drafter
-        and caches are never touched), and both speeds side by side."""
-        if (why := self.why_busy()) is not None:
-            self.notify(why, severity="warning")
-            return
+        and caches are never touched), and both speeds side by side. False: nothing to race."""
         if self.last_turn is None:
             self.notify("Race needs a finished answer first.", severity="warning")
-            return
+            return False
+        self._settings = settings
         self.stop_event = threading.Event()
-        self.spec_app.set_busy(Busy.RACING)
         tokens = max(self.last_turn.end.stats.generated_tokens, 1)
-        self._run(self.last_turn.messages, self.spec_app.settings, self.stop_event,
+        self._run(self._engine(), self.last_turn.messages, settings, self.stop_event,
                   race=True, max_tokens=tokens)
+        return True
 
     def stop(self) -> None:
-        if self.busy.streaming:
-            self.stop_event.set()
+        """Stop the turn or race in progress (each has its own event: a late esc cannot stop
+        the next one)."""
+        self.stop_event.set()
 
     def clear(self) -> None:
         self.messages, self.conversation, self.last_turn = [], None, None
@@ -173,8 +167,13 @@ class Chat(VerticalScroll):
                        else self._saved_answer(m))
         self.anchor()
 
+    def last_answer(self) -> Answer | None:
+        """The last finished answer (not the one streaming)."""
+        answers = [a for a in self.query(Answer) if a is not self.answer]
+        return answers[-1] if answers else None
+
     def _saved_answer(self, m: dict) -> Answer:
-        answer = Answer(self.spec_app.highlight)
+        answer = Answer(self.highlight)
         answer.extend([(text, kind) for text, kind in m["kinds"] or [[m["content"], "target"]]])
         stats = TurnStats.from_dict(m["stats"]) if m["stats"] else None
         # no speedup: the baseline measured now is not the one the answer was timed against
@@ -187,12 +186,18 @@ class Chat(VerticalScroll):
 
     # -- a turn --------------------------------------------------------------------------------
 
-    def engine_messages(self) -> list[dict[str, str]]:
-        system = self.spec_app.settings.system_prompt
+    def _engine(self) -> EngineService:
+        assert self.engine is not None, "the app starts turns only on an attached engine"
+        return self.engine
+
+    def engine_messages(self) -> Messages:
+        """The conversation as the engine gets it: the system prompt, then the messages."""
+        system = self._settings.system_prompt
         return ([{"role": "system", "content": system}] if system else []) + list(self.messages)
 
-    def _start_turn(self) -> None:
-        self.answer = Answer(self.spec_app.highlight)
+    def _start_turn(self, settings: Settings) -> None:
+        self._settings = settings
+        self.answer = Answer(self.highlight)
         self.mount(self.answer)
         self.anchor()
         self.buffer.drain()
@@ -201,21 +206,17 @@ class Chat(VerticalScroll):
                                                     partial=STREAMING)
             self._saved_at = time.monotonic()
         self.stop_event = threading.Event()  # one per turn: a late esc cannot stop the next
-        self.spec_app.set_busy(Busy.GENERATING)
-        settings = self.spec_app.settings
-        self._run(self.engine_messages(), settings, self.stop_event, race=False,
-                  max_tokens=settings.max_tokens)
+        self._run(self._engine(), self.engine_messages(), settings, self.stop_event,
+                  race=False, max_tokens=settings.max_tokens)
         if self._flush_timer is not None:
             self._flush_timer.stop()
         self._flush_timer = self.set_timer(self.pacer.start(), self._tick)
 
     @work(thread=True, exclusive=True, group="gen")
-    def _run(self, messages: list[dict[str, str]], settings: Settings, stop: threading.Event,
-             *, race: bool, max_tokens: int) -> None:
+    def _run(self, engine: EngineService, messages: Messages, settings: Settings,
+             stop: threading.Event, *, race: bool, max_tokens: int) -> None:
         """The worker for turns and races: tokens into the buffer (a race shows none), the end
         or the failure as a TurnFinished."""
-        engine = self.spec_app.engine
-        assert engine is not None
         try:
             for ev in engine.chat(messages, max_tokens=max_tokens, sampling=settings.sampling,
                                   stop=stop, target_only=race):
@@ -247,7 +248,6 @@ class Chat(VerticalScroll):
             self._saved_at = time.monotonic()
 
     def on_turn_finished(self, msg: TurnFinished) -> None:
-        msg.stop()  # handled here; the app hears of it through turn_ended / set_busy
         if msg.end is None:
             self._failed(msg.error, "Race failed" if msg.race else "Not sent")
         elif msg.race:
@@ -260,7 +260,7 @@ class Chat(VerticalScroll):
         answer, self.answer = self.answer, None
         s = end.stats
         if answer is not None:
-            answer.finish(s, stats_line(s, self.spec_app.baseline))
+            answer.finish(s, stats_line(s, self.baseline))
             self.messages.append({"role": "assistant", "content": answer.text})
             if self._saving is not None:
                 self.history.update_message(self._saving, answer.text, kinds=answer.runs,
@@ -269,17 +269,16 @@ class Chat(VerticalScroll):
             self.last_turn = LastTurn(self.engine_messages()[:-1], end, answer)
         self._saving = None
         self._sent = None
-        self.spec_app.turn_ended(s)
+        self.post_message(self.Finished(s))
 
     def _race_done(self, plain: TurnEnd) -> None:
-        self.spec_app.set_busy(Busy.IDLE)
         last = self.last_turn
-        if last is None:
-            return
-        line = race_line(last.end, plain, self.spec_app.settings.sampling.temperature == 0)
-        if last.answer.is_attached:
-            last.answer.show_race(line)
-        self.notify(line, title="Race", timeout=8)
+        if last is not None:
+            line = race_line(last.end, plain, self._settings.sampling.temperature == 0)
+            if last.answer.is_attached:
+                last.answer.show_race(line)
+            self.notify(line, title="Race", timeout=8)
+        self.post_message(self.Finished(None))
 
     def _failed(self, text: str, title: str) -> None:
         """E.g. a prompt longer than the context: forget the message, give its text back."""
@@ -290,19 +289,23 @@ class Chat(VerticalScroll):
         if self._saving is not None:
             self.history.delete_message(self._saving)
             self._saving = None
-        if self._sent is not None:
-            sent, mid = self._sent
-            self._sent = None
-            self.history.delete_message(mid)
-            self.messages.pop()
-            self.query(UserMessage).last().remove()
-            self.spec_app.give_back(sent)
-            if not self.messages and self.conversation is not None:
-                self.history.delete(self.conversation)
-                self.conversation = None
-        self.spec_app.set_busy(Busy.IDLE)
+        unsent = self._take_back()
         self.notify(text, title=title, severity="error", timeout=10)
-        self.spec_app.restart_if_dead()
+        self.post_message(self.Failed(unsent))
+
+    def _take_back(self) -> str | None:
+        """Remove the unanswered user message (screen, history, conversation); its text."""
+        if self._sent is None:
+            return None
+        sent, mid = self._sent
+        self._sent = None
+        self.history.delete_message(mid)
+        self.messages.pop()
+        self.query(UserMessage).last().remove()
+        if not self.messages and self.conversation is not None:
+            self.history.delete(self.conversation)
+            self.conversation = None
+        return sent
 
 
 def race_line(spec: TurnEnd, plain: TurnEnd, greedy: bool) -> str:

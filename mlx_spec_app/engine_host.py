@@ -1,0 +1,227 @@
+"""The engine's lifecycle in the app: `EngineHost` loads it (the remembered model, a picked or
+pulled one, the demo; again after a crash), measures its baseline, switches its drafter and closes
+it. Each engine call runs in a thread worker on the app, one at a time; results come back to the
+app as messages (EngineReady, LoadFailed, EngineSwitched), which it hands back to the host.
+
+The engine runs in a child process (mlx_spec.EngineProcess: its own GIL, so the UI's Python never
+stalls it); MLX_SPEC_ENGINE=thread keeps it in this process instead (debugging).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from textual.dom import DOMNode
+from textual.message import Message
+
+from mlx_spec import (
+    Baseline,
+    EngineInThread,
+    EngineProcess,
+    EngineService,
+    LoadSpec,
+    MlxSpecError,
+    user_message,
+)
+
+from .busy import Activity, Busy
+from .history import History
+from .settings import EngineChoice
+
+LAST_MODEL = "last_model"  # the history preference that remembers the model to reopen
+
+
+class EngineReady(Message):
+    """An engine is loaded and its baseline measured. spec: what was loaded (None: the engine
+    was handed to the app)."""
+
+    def __init__(self, engine: EngineService, baseline: Baseline,
+                 spec: LoadSpec | None = None) -> None:
+        super().__init__()
+        self.engine, self.baseline, self.spec = engine, baseline, spec
+
+
+class LoadFailed(Message):
+    """Loading `spec` failed: `text` is the one line the user reads."""
+
+    def __init__(self, text: str, spec: LoadSpec) -> None:
+        super().__init__()
+        self.text, self.spec = text, spec
+
+
+class EngineSwitched(Message):
+    """Drafter / draft length changed (or failed to, with a message)."""
+
+    def __init__(self, error: str | None = None) -> None:
+        super().__init__()
+        self.error = error
+
+
+def start_engine(spec: LoadSpec) -> EngineService:
+    """A new engine for `spec`: in a child process, or here with MLX_SPEC_ENGINE=thread."""
+    if os.environ.get("MLX_SPEC_ENGINE") == "thread":
+        return EngineInThread.load(spec)
+    return EngineProcess.start(spec)
+
+
+def demo_spec(user: LoadSpec) -> LoadSpec:
+    """The bundled demo pair with the user's drafter kind and draft length (their draft model
+    and MTP head belong to their own model)."""
+    return replace(user, model=None, draft_model=None, mtp=None)
+
+
+def remembered(spec: LoadSpec) -> dict[str, str | None]:
+    """What reopens `spec`'s model next time: its files (local paths made absolute, hub ids as
+    given). The drafter kind and draft length come from the command line each run."""
+
+    def absolute(p: str | None) -> str | None:
+        return str(Path(p).expanduser().resolve()) if p and Path(p).expanduser().exists() else p
+
+    return {"model": absolute(spec.model), "draft_model": absolute(spec.draft_model),
+            "mtp": absolute(spec.mtp)}
+
+
+def recalled(saved: Any, user: LoadSpec) -> LoadSpec | None:
+    """The saved last model (`remembered`'s dict, the one form the app has ever written) as
+    `user`'s spec on it: a drafter the user chose is kept. None when nothing usable is saved."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("model"), str):
+        return None
+
+    def path(key: str) -> str | None:
+        value = saved.get(key)
+        return value if isinstance(value, str) else None
+
+    try:
+        return user.completed_by(model=saved["model"], draft_model=path("draft_model"),
+                                 mtp=path("mtp"))
+    except MlxSpecError:  # a hand-edited record
+        return None
+
+
+class EngineHost:
+    """The app's engine: which one runs, its baseline, what loaded it, a drafter change waiting
+    for the engine to be idle. `node` (the app) runs the workers and receives their messages."""
+
+    def __init__(self, node: DOMNode, history: History, activity: Activity, requested: LoadSpec,
+                 *, engine: EngineService | None = None,
+                 baseline: Baseline | None = None) -> None:
+        """requested: the user's spec (the command line's). engine / baseline: ones already
+        loaded (tests, tools): used as they are, never closed here."""
+        self._node, self._history, self._activity = node, history, activity
+        self.requested = requested
+        self.given = engine
+        self.engine: EngineService | None = None
+        self.baseline = baseline
+        self.loaded: LoadSpec | None = None  # what the running engine was loaded from
+        self.pending: EngineChoice | None = None  # applied once the engine is idle
+
+    def label(self) -> str:
+        """The drafter and draft length, as the status line and the panel show them."""
+        assert self.engine is not None
+        info = self.engine.info
+        return "no drafter" if info.drafter == "none" else f"{info.drafter} k={info.draft_length}"
+
+    def first_run(self) -> bool:
+        """Nothing named, nothing remembered, never welcomed: the welcome screen opens."""
+        return (self.requested.model is None and self._history.get(LAST_MODEL) is None
+                and not self._history.get("welcomed"))
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def load(self, spec: LoadSpec, *, remembered_ok: bool = False) -> None:
+        """Start loading `spec` (with no model and remembered_ok: the last model used, if any;
+        the demo pair if that one is gone)."""
+        last = (recalled(self._history.get(LAST_MODEL), spec)
+                if spec.model is None and remembered_ok else None)
+        spec = last or spec
+        self._activity.set(Busy.LOADING, spec.label)
+        self._node.run_worker(partial(self._load, spec, last is not None), thread=True,
+                              exclusive=True, group="load")
+
+    def load_demo(self) -> None:
+        self.load(demo_spec(self.requested))
+
+    def _load(self, spec: LoadSpec, remembered_model: bool) -> None:
+        """Worker: start the engine, measure its baseline, post EngineReady (or LoadFailed)."""
+        try:
+            try:
+                engine = start_engine(spec)
+            except MlxSpecError:
+                if not remembered_model:
+                    raise
+                spec = demo_spec(spec)  # the model remembered from last time is gone
+                engine = start_engine(spec)
+            try:
+                baseline = engine.measure_baseline()
+            except BaseException:
+                engine.close()
+                raise
+            self._node.post_message(EngineReady(engine, baseline, spec))
+        except Exception as e:  # noqa: BLE001 - the user gets one line, never a traceback
+            self._node.post_message(LoadFailed(user_message(e, "cannot load"), spec))
+
+    def measure(self, engine: EngineService) -> None:
+        """Measure the baseline of an engine handed in without one."""
+        self._activity.set(Busy.MEASURING)
+        self._node.run_worker(partial(self._measure, engine), thread=True, exclusive=True,
+                              group="load")
+
+    def _measure(self, engine: EngineService) -> None:
+        self._node.post_message(EngineReady(engine, engine.measure_baseline()))
+
+    def adopt(self, ready: EngineReady) -> bool:
+        """Take the engine that just loaded; True when it replaced another (now closed)."""
+        replaced = self.engine is not None and self.engine is not ready.engine
+        if replaced:
+            self._close(self.engine)
+            self.pending = None  # chosen for the old engine
+        self.engine, self.baseline = ready.engine, ready.baseline
+        if ready.spec is not None:  # remember what loaded (None: the demo pair)
+            self.loaded = ready.spec
+            self._history.set(LAST_MODEL, remembered(ready.spec) if ready.spec.model else None)
+        return replaced
+
+    def restart_if_dead(self) -> bool:
+        """After a failed turn: if the engine process died (out of memory, killed), start a new
+        one from the same spec, so the chat goes on without restarting the app."""
+        dead = self.engine
+        if dead is None or getattr(dead, "alive", True):
+            return False
+        self.engine = None
+        self._close(dead)
+        self.load(self.loaded or self.requested)
+        return True
+
+    def _close(self, engine: EngineService | None) -> None:
+        if engine is not None and engine is not self.given:
+            engine.close()
+
+    def close(self) -> None:
+        """The app ends: close the engine it started."""
+        self._close(self.engine)
+
+    # -- drafter and draft length ------------------------------------------------------------
+
+    def switch(self, choice: EngineChoice) -> None:
+        """Change drafter / draft length now (the engine is idle)."""
+        self._activity.set(Busy.SWITCHING, f"to {choice.drafter}")
+        assert self.engine is not None
+        self._node.run_worker(partial(self._configure, self.engine, choice), thread=True,
+                              exclusive=True, group="gen")
+
+    def switch_pending(self) -> None:
+        """The engine is idle again: apply a change chosen while it was busy."""
+        if self.pending is not None:
+            choice, self.pending = self.pending, None
+            self.switch(choice)
+
+    def _configure(self, engine: EngineService, choice: EngineChoice) -> None:
+        try:
+            engine.configure(drafter=choice.drafter, draft_length=choice.draft_length)
+            self._node.post_message(EngineSwitched())
+        except Exception as e:  # noqa: BLE001 - one line for the user, never a traceback
+            self._node.post_message(EngineSwitched(user_message(e, "cannot switch")))
