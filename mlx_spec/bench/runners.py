@@ -21,12 +21,13 @@ import mlx.core as mx
 from ..assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
 from ..drafters import Drafter
 from ..drafters.mtp import MTPDrafter, load_mtp_drafter
-from ..engine import Engine
+from ..engine import Conversation, Engine
 from ..engine.costs import measure_verify_costs, smooth_linear
 from ..events import TokenEvent, TurnEnd
 from ..loading import find_mtp_head, load_target
 from ..model import TargetModel
 from ..sampling import SamplingConfig
+from ..spec import DraftLength
 from ..stats import Totals, quantiles
 from .widen import widen_mtp, widen_target
 
@@ -121,18 +122,19 @@ def itl_ms(gaps: list[float]) -> tuple[float, float]:
 
 
 def make_engine(target: TargetModel, tokenizer: Any, drafter: Drafter | None,
-                num_draft: int | str) -> Engine:
-    """A fresh engine over `target` with `drafter` proposing `num_draft` tokens a round."""
-    return Engine(target, tokenizer, drafter, num_draft=num_draft)
+                num_draft: DraftLength) -> Conversation:
+    """A conversation on a fresh engine over `target`, `drafter` proposing `num_draft` tokens a
+    round (each row measures its own engine: no calibration or policy carried between rows)."""
+    return Engine(target, tokenizer, drafter, draft_length=num_draft).conversation()
 
 
-def warm_up(engine: Engine, prompt: list[int]) -> None:
+def warm_up(engine: Conversation, prompt: list[int]) -> None:
     """Four tokens after the prompt's first eight, so a row times no first-call compilation."""
     list(engine.generate(prompt[:8], max_tokens=4))
 
 
-def run_ours(engine: Engine, prompts: list[list[int]], max_tokens: int, sampling: SamplingConfig,
-             row: Row) -> Row:
+def run_ours(engine: Conversation, prompts: list[list[int]], max_tokens: int,
+             sampling: SamplingConfig, row: Row) -> Row:
     """Fill `row` from `max_tokens` fixed-length tokens after each prompt (prompt i drawn with
     seed i), each from an empty cache."""
     rates, stats, gaps = [], [], []
