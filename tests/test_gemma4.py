@@ -140,9 +140,10 @@ def test_greedy_identity_and_caches_equal_a_recompute(pair, kind):
         got, _ = run(engine, max_tokens=48)
         assert_same_or_near_tie(target, PROMPT, list(got.tokens), list(want.tokens))
         assert len(rounds) > 1
-        assert drafter.h_at == len(engine.tokens) - 2  # its one row: the newest committed h
+        state = engine.drafter_state
+        assert state.at == len(engine.tokens) - 2  # its one row: the newest committed h
         _, h = target.forward(engine.tokens[:-1], kv.make_cache(target.model), hidden=True)
-        np.testing.assert_allclose(np.array(drafter.h[0, 0]), np.array(h[-1]), atol=2e-4)
+        np.testing.assert_allclose(np.array(state.h[0, 0]), np.array(h[-1]), atol=2e-4)
 
 
 def test_multi_turn_and_long_past_the_window_drop(pair):

@@ -22,6 +22,7 @@ from mlx_spec.errors import MlxSpecError
 from mlx_spec.hub import download as fetch_mod
 from mlx_spec.hub import heads
 from mlx_spec.loading import load_target, make_drafter, quantize_mtp_head
+from mlx_spec.spec import LoadSpec
 from mlx_spec.train.modeldir import save_model_dir
 
 ORIGINAL = "Qwen/Tiny3.5"
@@ -350,7 +351,8 @@ async def test_chat_preset_downloads_in_the_app_then_answers(server, tmp_path, m
     from mlx_spec_app.widgets import Answer, PromptInput
 
     monkeypatch.setenv("MLX_SPEC_ENGINE", "thread")
-    app = SpecChatApp(pull="tiny-pair", num_draft=3, history=History(tmp_path / "h.sqlite3"))
+    app = SpecChatApp(LoadSpec(num_draft=3), pull="tiny-pair",
+                      history=History(tmp_path / "h.sqlite3"))
     async with app.run_test(size=(80, 24)) as pilot:
         saw_screen = False
         for _ in range(1200):
@@ -375,14 +377,18 @@ def test_chat_opens_a_cached_preset_on_local_paths_and_pulls_a_missing_one(serve
     import mlx_spec_app.app as app_module
 
     calls = []
-    monkeypatch.setattr(app_module, "run_app", lambda **kw: calls.append(kw) or 0)
-    assert main(["chat", "tiny-pair"]) == 0
-    assert calls[-1]["pull"] == "tiny-pair"  # nothing cached: the app's download screen
+    monkeypatch.setattr(app_module, "run_app",
+                        lambda spec, **kw: calls.append((spec, kw)) or 0)
+    assert main(["chat", "tiny-pair", "-k", "3"]) == 0
+    # nothing cached: the app's download screen, the user's options kept for after it
+    assert calls[-1] == (LoadSpec(num_draft=3), dict(pull="tiny-pair"))
     launch = hub.pull("tiny-pair")
     before = len(server.requests)
     assert main(["chat", "tiny-pair"]) == 0
-    assert calls[-1] == dict(model=str(launch.target), drafter="draft",
-                             draft_model=str(launch.draft_model), mtp=None, num_draft=None)
+    assert calls[-1] == (LoadSpec(model=str(launch.target), drafter="draft",
+                                  draft_model=str(launch.draft_model)), {})
+    assert main(["chat", "tiny-pair", "--drafter", "ngram"]) == 0  # the user's choice stands
+    assert calls[-1][0] == LoadSpec(model=str(launch.target), drafter="ngram")
     assert len(server.requests) == before  # opened from the cache, no request
     assert main(["chat", "nope"]) == 2
 

@@ -76,9 +76,9 @@ async def with_app(engine: EngineService, tokens: int, home: Path,
         await pilot.press("enter")
         while app.busy:  # a plain sleep: polling through the pilot would add UI work
             await asyncio.sleep(0.05)
-        assert app.last_turn is not None
+        assert app.chat.last_turn is not None
         pacer = app.chat.pacer
-        return AppRun(app.last_turn.end, pacer.share, pacer.frames / max(pacer.wall_s, 1e-9))
+        return AppRun(app.chat.last_turn.end, pacer.share, pacer.frames / max(pacer.wall_s, 1e-9))
 
 
 def main(argv: list[str] | None = None) -> int:
