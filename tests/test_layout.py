@@ -5,7 +5,6 @@ most 450 lines. docs/DESIGN.md's "Layout" says what each floor is for."""
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
