@@ -10,6 +10,7 @@ from multiprocessing.connection import Connection
 
 from mlx_spec.errors import MlxSpecError, as_user_error
 from mlx_spec.process import (
+    Calibrate,
     Close,
     Configure,
     Done,
@@ -47,7 +48,11 @@ def serve(recv: Connection, send: Connection, stops: TurnStops) -> None:
                     send.send(Token(event))
                 send.send(Done())
             elif isinstance(request, MeasureBaseline):
-                send.send(Ok(service.measure_baseline(**request.__dict__)))
+                send.send(Ok(service.measure_baseline(tokens=request.tokens,
+                                                      repeats=request.repeats,
+                                                      stop=stops.event(request.turn))))
+            elif isinstance(request, Calibrate):
+                send.send(Ok(service.calibrate(stop=stops.event(request.turn))))
             elif isinstance(request, Configure):
                 send.send(Ok(service.configure(**request.__dict__)))
         except Exception as e:  # noqa: BLE001 - the parent shows one line

@@ -19,7 +19,7 @@ from typing import Any
 from .cli_models import add_commands as add_hub_commands
 from .errors import MlxSpecError, user_message
 from .kinds import DRAFTERS
-from .spec import MAX_DRAFT, LoadSpec, parse_draft_length
+from .spec import AUTO_MAX_DRAFT, MAX_DRAFT, LoadSpec, parse_draft_length
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # ctrl+c, as shells report SIGINT
@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=_positive_float, default=2e-3,
                    help="peak learning rate (default 2e-3, see docs/TRAIN.md)")
 
+    cal = sub.add_parser("calibrate", help="measure a model's costs and target-only speed on "
+                                            "this machine now (saved; `auto` reads them)")
+    cal.add_argument("model", nargs="?", help="a preset, a hub repo id or a model directory "
+                                              "(default: the demo target)")
+    cal.add_argument("--kv-bits", type=int, choices=[4, 8], default=None)
+
     add_hub_commands(sub)
 
     d = sub.add_parser("doctor", help="what mlx-spec sees here, and how to fix what is wrong")
@@ -147,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_doctor(args)
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "calibrate":
+            return cmd_calibrate(args)
         if args.command == "train-drafter":
             from .train.distill import cmd_train_drafter
 
@@ -248,6 +256,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print()
         print(summary_line(end.stats), file=sys.stderr)
     return code
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Measure the target's verify and plain decoding costs and its target-only speed, and
+    save them for this model and device (what `auto` and the app's speedup read)."""
+    from .engine.calibration import device_name
+    from .loading import load_engine
+    from .service import measure_baseline
+
+    engine = load_engine(replace(fetched(spec_from_args(args)), drafter="none"))
+    print(f"calibrating {engine.target.name} on {device_name()} ...", file=sys.stderr)
+    engine.calibrate()
+    baseline = measure_baseline(engine)
+    assert baseline is not None  # nothing stops it here
+    engine.keep_baseline(baseline)
+    costs = engine.costs(AUTO_MAX_DRAFT)
+    verify = " ".join(f"{c * 1e3:.1f}" for c in costs.verify)
+    where = engine.store.root / f"{engine.key}.json" if engine.key else "(not saved: no files)"
+    print(f"{engine.target.name}: verify 1..{len(costs.verify)} tokens {verify} ms, plain "
+          f"{costs.plain * 1e3:.2f} ms/token, target-only {baseline.tok_s:.1f} tok/s; "
+          f"saved to {where}")
+    return 0
 
 
 @contextlib.contextmanager

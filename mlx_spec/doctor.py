@@ -116,6 +116,29 @@ def check_cache() -> Check:
                  f"{cache_root()}: " + (f"{len(have)} repos ({held})" if have else "empty"))
 
 
+def check_calibration() -> Check:
+    """What is calibrated for which model on this device (`auto` and the app's speedup read
+    these; without one they start from a prior and calibrate when idle)."""
+    from .engine.calibration import CalibrationStore, device_name
+
+    store = CalibrationStore()
+    found, here = store.all(), device_name()
+    mine = [c for c in found if c.device == here]
+    shown = "; ".join(_calibrated(c) for c in mine[:6]) + (" …" if len(mine) > 6 else "")
+    other = f" ({len(found) - len(mine)} more for other devices or versions)" if (
+        len(found) > len(mine)) else ""
+    detail = (f"{len(mine)} model{'s' * (len(mine) != 1)} on this device: {shown}" if mine else
+              "nothing yet: a model calibrates the first time the app or server is idle")
+    return Check("calibration", True, f"{store.root}: {detail}{other}")
+
+
+def _calibrated(c) -> str:
+    name = c.model.rstrip("/").rsplit("/", 1)[-1]
+    parts = [f"c(1) {c.costs.verify[0] * 1e3:.1f} ms" if c.costs else "costs not yet",
+             f"target-only {c.baseline['tok_s']:.1f} tok/s" if c.baseline else "no baseline"]
+    return f"{name} ({', '.join(parts)})"
+
+
 def check_openblas() -> Check:
     if not sys.platform.startswith("linux"):
         return Check("openblas", True, "not needed (Linux only)")
@@ -146,7 +169,7 @@ def check_terminal() -> Check:
 
 CHECKS: tuple[Callable[[], Check], ...] = (
     check_platform, check_python, check_mlx, check_memory, check_disk, check_cache,
-    check_openblas, check_terminal,
+    check_calibration, check_openblas, check_terminal,
 )
 
 

@@ -47,6 +47,12 @@ class Generate:
 class MeasureBaseline:
     tokens: int
     repeats: int
+    turn: int  # idle work is stopped like a turn
+
+
+@dataclass(frozen=True)
+class Calibrate:
+    turn: int
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,7 @@ class Close:
     pass
 
 
-Request = Load | Generate | MeasureBaseline | Configure | Close
+Request = Load | Generate | MeasureBaseline | Calibrate | Configure | Close
 
 # -- replies (child -> parent) ------------------------------------------------------------------
 
@@ -169,8 +175,26 @@ class EngineProcess:
     def info(self) -> EngineInfo:
         return self._info
 
-    def measure_baseline(self, *, tokens: int = 64, repeats: int = 3) -> Baseline:
-        return self._call(MeasureBaseline(tokens, repeats))
+    def measure_baseline(self, *, tokens: int = 64, repeats: int = 3,
+                         stop: threading.Event | None = None) -> Baseline | None:
+        return self._call_stoppable(lambda turn: MeasureBaseline(tokens, repeats, turn), stop)
+
+    def calibrate(self, *, stop: threading.Event | None = None) -> bool:
+        return self._call_stoppable(Calibrate, stop)
+
+    def _call_stoppable(self, request: Any, stop: threading.Event | None) -> Any:
+        """A call the child ends early when `stop` is set (idle work giving way to a turn):
+        it takes a turn number, as a chat turn does, and the stop pipe names it."""
+        with self._lock:
+            self._turn += 1
+            turn = self._turn
+            self._send(request(turn))
+            signalled = False
+            while not self._wait():
+                if stop is not None and stop.is_set() and not signalled:
+                    self._stop(turn)
+                    signalled = True
+            return self._reply_value(self._recv())
 
     def configure(self, *, draft_length: DraftLength | None = None,
                   drafter: str | None = None) -> EngineInfo:
@@ -249,11 +273,14 @@ class EngineProcess:
             self._send(request)
             while not self._wait():
                 pass
-            reply = self._recv()
-            if isinstance(reply, Failed):
-                raise reply.error
-            assert isinstance(reply, Ok), reply
-            return reply.value
+            return self._reply_value(self._recv())
+
+    @staticmethod
+    def _reply_value(reply: Reply) -> Any:
+        if isinstance(reply, Failed):
+            raise reply.error
+        assert isinstance(reply, Ok), reply
+        return reply.value
 
     def _send(self, request: Request) -> None:
         try:

@@ -46,6 +46,8 @@ class EngineInfo:
     drafter: str  # a kind of kinds.DRAFTERS
     draft_length: DraftLength  # tokens drafted per round, or "auto"
     drafters: tuple[str, ...]  # the drafter kinds `configure` can switch to
+    baseline: Baseline | None = None  # the saved target-only speed (None: not measured yet)
+    calibrated: bool = False  # are the target's costs measured (else `auto` reads a prior)?
 
 
 class EngineService(Protocol):
@@ -54,7 +56,10 @@ class EngineService(Protocol):
     @property
     def info(self) -> EngineInfo: ...
 
-    def measure_baseline(self, *, tokens: int = 64, repeats: int = 3) -> Baseline: ...
+    def measure_baseline(self, *, tokens: int = 64, repeats: int = 3,
+                         stop: threading.Event | None = None) -> Baseline | None: ...
+
+    def calibrate(self, *, stop: threading.Event | None = None) -> bool: ...
 
     def chat(self, messages: Messages, *, max_tokens: int = 256,
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
@@ -104,12 +109,26 @@ class EngineInThread:
 
     @property
     def info(self) -> EngineInfo:
-        c = self.conversation
-        return EngineInfo(c.target.name, drafter_kind(c), c.draft_length, self._kinds)
+        c, e = self.conversation, self.engine
+        return EngineInfo(c.target.name, drafter_kind(c), c.draft_length, self._kinds,
+                          e.baseline, e.calibrated)
 
-    def measure_baseline(self, *, tokens: int = 64, repeats: int = 3) -> Baseline:
+    def measure_baseline(self, *, tokens: int = 64, repeats: int = 3,
+                         stop: threading.Event | None = None) -> Baseline | None:
+        """Measure the target-only speed and save it (None: `stop` was set first). Work for
+        when the engine is idle: a stop ends it between rounds."""
         with _own_stream():
-            return measure_baseline(self.engine, tokens=tokens, repeats=repeats)
+            baseline = measure_baseline(self.engine, tokens=tokens, repeats=repeats, stop=stop)
+        if baseline is not None:
+            self.engine.keep_baseline(baseline)
+        return baseline
+
+    def calibrate(self, *, stop: threading.Event | None = None) -> bool:
+        """Measure the target's costs unless they are (saved); False if `stop` ended it."""
+        if self.engine.calibrated:
+            return True
+        with _own_stream():
+            return self.engine.calibrate(stop=stop)
 
     def chat(self, messages: Messages, *, max_tokens: int = 256,
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
@@ -148,24 +167,30 @@ class EngineInThread:
 
 
 def measure_baseline(engine: Engine, *, tokens: int = 64, prompt: list[int] | None = None,
-                     repeats: int = 3) -> Baseline:
+                     repeats: int = 3, stop: threading.Event | None = None) -> Baseline | None:
     """Time target-only greedy decoding through the same loop, on a scratch conversation on the
     engine's weights (no other conversation is touched): the median of `repeats` runs after a
     short warm-up. The median, not the best: the best of a few noisy runs overstates the speed
-    a turn will see. 64 tokens: per-token cost grows with the context."""
+    a turn will see. 64 tokens: per-token cost grows with the context. None: `stop` was set
+    (checked between rounds)."""
     scratch = engine.conversation(drafter=None)
     ids = prompt or list(range(3, 35))
 
-    def timed(n: int) -> float:
+    def timed(n: int) -> float | None:
         scratch.reset()
-        end = [e for e in scratch.generate(ids, max_tokens=n, ignore_eos=True)
+        end = [e for e in scratch.generate(ids, max_tokens=n, ignore_eos=True, stop=stop)
                if isinstance(e, TurnEnd)][0]
-        return end.stats.tok_s
+        return None if end.finish_reason == "cancelled" else end.stats.tok_s
 
-    timed(8)  # warm-up: kernels and allocations
-    speed = statistics.median(timed(tokens) for _ in range(repeats))
-    return Baseline(speed, tokens, f"median of {repeats} timed target-only runs of {tokens} "
-                                   f"tokens (greedy, same loop, no drafter), measured at load")
+    runs = []
+    for n in [8] + [tokens] * repeats:  # a warm-up first: kernels and allocations
+        speed = timed(n)
+        if speed is None:
+            return None
+        runs.append(speed)
+    return Baseline(statistics.median(runs[1:]), tokens,
+                    f"median of {repeats} timed target-only runs of {tokens} tokens (greedy, "
+                    "same loop, no drafter)")
 
 
 class _own_stream:

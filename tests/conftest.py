@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import string
 from pathlib import Path
 
@@ -98,3 +99,10 @@ def pytest_terminal_summary(terminalreporter):
             f"{IDENTITY['near_tie']} parted at a measured near-tie "
             f"({IDENTITY['tokens']} reference tokens compared)"
         )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_home(tmp_path_factory):
+    """Calibrations, heads and history go under a home of the run's own, never the user's
+    (child processes inherit it). A test that needs a fresh one sets its own."""
+    os.environ["MLX_SPEC_HOME"] = str(tmp_path_factory.mktemp("mlx-spec-home"))

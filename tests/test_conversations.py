@@ -49,8 +49,10 @@ def test_interleaved_conversations_equal_each_one_alone(load, which):
     assert got_a2.stats.reused_tokens > len(PROMPT)  # a's second turn reused a's own cache
 
 
-def test_costs_are_measured_once_per_engine(load, monkeypatch):
-    """Two `auto` conversations on one engine share its calibration; each has its own policy."""
+def test_costs_are_measured_once_per_engine_and_reach_every_conversation(load, monkeypatch):
+    """Two `auto` conversations on one engine start on the same prior; one calibration (the
+    engine idle between turns) reaches both policies at their next turn; each keeps its own
+    acceptance evidence."""
     target, tok = load("llama")
     calls = []
     real = costs.measure_costs
@@ -60,8 +62,14 @@ def test_costs_are_measured_once_per_engine(load, monkeypatch):
     a, b = engine.conversation(), engine.conversation()
     run(a, max_tokens=8)
     run(b, max_tokens=8)
-    assert len(calls) == 1
-    assert a.policy is not None and b.policy is not None and a.policy is not b.policy
+    assert calls == [] and not a.policy.measured and a.policy is not b.policy
+    seen = a.policy.seen[:]
+    assert engine.calibrate() and len(calls) == 1
+    run(a, prompt=a.tokens + [5], max_tokens=8)
+    run(b, prompt=b.tokens + [6], max_tokens=8)
+    assert a.policy.measured and b.policy.measured and len(calls) == 1
+    assert a.policy.costs == engine.costs(8).verify
+    assert sum(a.policy.seen) > 0.3 * sum(seen)  # the evidence survived the recalibration
 
 
 def test_a_target_only_conversation_shares_the_weights(load):

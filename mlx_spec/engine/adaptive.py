@@ -32,9 +32,14 @@ class AdaptiveDraftLength:
                  carry: float = 0.3, probe_every: int = 16, explore_every: int = 8,
                  split_every: int = 8, plain_every: int = 32, plain_probe: int = 4,
                  optimism: float = 1.0, probe_budget: float = 0.01, fit_keep: float = 0.97,
-                 slope_weight: float = 4.0, long_keep: float = 0.99):
+                 slope_weight: float = 4.0, long_keep: float = 0.99, measured: bool = True):
+        """measured: False when the costs are a prior (not calibrated on this target): then
+        plain decoding's drift follows the verify drift r until a plain run is timed, so only
+        the prior's shape matters, not its scale."""
+        self.measured = measured
         self.costs = tuple(verify_costs)
         self.k_max = len(self.costs) - 1
+        self.plain_timed = False  # has a plain run refined r0 yet?
         # α_i as (accepted, seen) with exponential forgetting; priors enter in alphas()
         self.accepted = [0.0] * self.k_max
         self.seen = [0.0] * self.k_max
@@ -212,7 +217,10 @@ class AdaptiveDraftLength:
         verify_seconds are None, and it refines the fixed cost o and the fitted line."""
         if verify_seconds is not None and verify_seconds > 0:
             ratio = verify_seconds / self.costs[k]
-            self.slowdown = 0.9 * self.slowdown + 0.1 * ratio
+            first = not self.measured and self.rounds_drafted <= 1  # a prior's scale: replace it
+            self.slowdown = ratio if first else 0.9 * self.slowdown + 0.1 * ratio
+            if not self.measured and not self.plain_timed:
+                self.plain_drift = self.slowdown
         if k and draft_seconds is not None and fed <= self.k_max + 1:  # not a catch-up
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * draft_seconds / k
         if round_seconds is not None and draft_seconds is None and fed <= self.k_max + 1:
@@ -246,8 +254,21 @@ class AdaptiveDraftLength:
         made plain decoding look 1.5× cheaper."""
         if tokens <= 0:
             return
+        if not self.plain_timed and not self.measured:  # a prior's scale: replace it
+            self.plain_drift = seconds / tokens / self.plain_cost
+        self.plain_timed = True
         keep = 0.9**tokens
         self.plain_drift = keep * self.plain_drift + (1 - keep) * seconds / tokens / self.plain_cost
+
+    def recalibrate(self, verify_costs: Sequence[float], plain_cost: float) -> None:
+        """Measured costs replace the prior this policy started from: the timing fits start
+        again from them (as a new policy's would), the acceptance evidence is kept."""
+        self.costs = tuple(verify_costs)
+        self.plain_cost = min(plain_cost, self.costs[0])
+        self.slowdown = self.plain_drift = 1.0
+        self.fit, self.overhead, self.rounds_drafted = [0.0] * 5, 0.0, 0
+        self.draft_cost = 0.1 * self.costs[0]
+        self.measured, self.plain_timed = True, False
 
     def new_turn(self) -> None:
         """A new prompt: keep `carry` of the acceptance evidence (what the drafter did on the

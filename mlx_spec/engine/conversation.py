@@ -83,14 +83,18 @@ class Conversation:
 
     def policy_for(self, greedy: bool) -> AdaptiveDraftLength | None:
         """The adaptive draft-length policy for this drafter and this kind of sampling, on the
-        engine's calibrated costs (None with a fixed k or no drafter)."""
+        engine's costs: measured, or a prior until they are (None with a fixed k or no
+        drafter)."""
         if not self.adaptive or self.drafter is None:
             return None
-        key = (self.drafter.name, greedy)
-        if key not in self.policies:
-            costs = self.engine.costs(self.max_draft)
-            self.policies[key] = AdaptiveDraftLength(costs.verify, plain_cost=costs.plain)
-        return self.policies[key]
+        key, costs = (self.drafter.name, greedy), self.engine.costs(self.max_draft)
+        policy = self.policies.get(key)
+        if policy is None:
+            policy = self.policies[key] = AdaptiveDraftLength(
+                costs.verify, plain_cost=costs.plain, measured=costs.measured)
+        elif costs.measured and not policy.measured:  # calibrated while idle since last turn
+            policy.recalibrate(costs.verify, costs.plain)
+        return policy
 
     def materialize(self) -> None:
         """Evaluate every cached array before a turn ends. MLX streams are thread-local: a lazy

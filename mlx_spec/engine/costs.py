@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 
@@ -20,15 +21,31 @@ class TargetCosts:
 
     verify: tuple[float, ...]
     plain: float
+    measured: bool = True  # False: a prior (calibration.prior), refined online
 
     @property
     def max_draft(self) -> int:
         return len(self.verify) - 1
 
+    def up_to(self, max_draft: int) -> TargetCosts:
+        """The costs for drafts of at most `max_draft` tokens."""
+        return TargetCosts(self.verify[: max_draft + 1], self.plain, self.measured)
 
-def measure_costs(target: TargetModel, max_draft: int) -> TargetCosts:
-    """Calibrate both, one after the other, so they see the machine in the same state."""
-    return TargetCosts(measure_verify_costs(target, max_draft), measure_plain_cost(target))
+
+class Stopped(Exception):
+    """A measurement was asked to stop (a user's turn is waiting)."""
+
+
+def measure_costs(target: TargetModel, max_draft: int, *, stop: Any = None) -> TargetCosts:
+    """Calibrate both, one after the other, so they see the machine in the same state. stop
+    (an Event-like `is_set()`): checked between timed passes; raises Stopped."""
+    return TargetCosts(measure_verify_costs(target, max_draft, stop=stop),
+                       measure_plain_cost(target, stop=stop))
+
+
+def _check(stop: Any) -> None:
+    if stop is not None and stop.is_set():
+        raise Stopped
 
 
 def _scratch(target: TargetModel, context: int, *, slack: int):
@@ -41,7 +58,8 @@ def _scratch(target: TargetModel, context: int, *, slack: int):
 
 
 def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
-                         repeats: int = 5, smooth: bool = True) -> tuple[float, ...]:
+                         repeats: int = 5, smooth: bool = True,
+                         stop: Any = None) -> tuple[float, ...]:
     """Seconds for one target forward over q = 1..k_max+1 tokens after `context` tokens, on a
     scratch cache: the fastest of `repeats` (other load only ever adds time), then smoothed by a
     least-squares line c(q) = a + b·(q − 1), so one disturbed timing cannot flip the choice
@@ -51,6 +69,7 @@ def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
     for q in range(1, k_max + 2):
         times = []
         for _ in range(repeats + 1):
+            _check(stop)
             t0 = time.perf_counter()
             logits, _ = target.forward(prompt[:q], cache)
             mx.eval(logits)
@@ -61,7 +80,7 @@ def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
 
 
 def measure_plain_cost(target: TargetModel, *, context: int = 96, steps: int = 8,
-                       repeats: int = 3) -> float:
+                       repeats: int = 3, stop: Any = None) -> float:
     """Seconds per token of plain decoding pipelined as the engine runs it (each step built on
     the previous step's still-lazy token before the host reads that), after `context` tokens:
     the fastest of `repeats` runs of `steps` steps. Measured beside c(q), so both see the
@@ -71,6 +90,7 @@ def measure_plain_cost(target: TargetModel, *, context: int = 96, steps: int = 8
     mx.eval(first)
     times = []
     for _ in range(repeats + 1):
+        _check(stop)
         t0 = time.perf_counter()
         y = first
         for _ in range(steps):

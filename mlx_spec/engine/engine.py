@@ -1,15 +1,19 @@
 """The engine: what every conversation on one model shares — the target and its tokenizer, the
-drafter's weights, and the target's costs as measured on this machine."""
+drafter's weights, and the target's costs and target-only speed as measured on this machine
+(saved per model and device, calibration.py)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..drafters.base import Drafter
 from ..model import TargetModel
-from ..spec import DraftLength, check_draft_length
+from ..spec import AUTO_MAX_DRAFT, DraftLength, check_draft_length
+from ..stats import Baseline
+from .calibration import Calibration, CalibrationStore, device_name, key_of
 from .conversation import Conversation
-from .costs import TargetCosts, measure_costs
+from .costs import Stopped, TargetCosts, measure_costs
 
 _SAME = object()  # conversation(drafter=...) not given: the engine's drafter
 
@@ -19,15 +23,23 @@ class Engine:
     a `Conversation` made by `conversation()`, with its own tokens, caches and drafter state."""
 
     def __init__(self, target: TargetModel, tokenizer: Any, drafter: Drafter | None = None, *,
-                 draft_length: DraftLength = 4, kv_bits: int | None = None):
+                 draft_length: DraftLength = 4, kv_bits: int | None = None,
+                 store: CalibrationStore | None = None):
         """draft_length: tokens drafted per round, or "auto" (chosen each round, up to
-        AUTO_MAX_DRAFT, from measured verify costs and online acceptance; see adaptive.py)."""
+        AUTO_MAX_DRAFT, from the target's costs and online acceptance; see adaptive.py).
+        store: where calibrations are saved (default: MLX_SPEC_HOME/calibration)."""
         check_draft_length(draft_length)
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.draft_length = draft_length
         self.kv_bits = kv_bits
         self.eos = frozenset(getattr(tokenizer, "eos_token_ids", None) or ())
-        self._costs: dict[int, TargetCosts] = {}
+        self.store = store or CalibrationStore()
+        self.key = key_of(target, kv_bits)  # None: a target built in code, nothing is saved
+        saved = self.store.load(self.key) if self.key else None
+        self._measured: TargetCosts | None = saved.costs if saved else None
+        self.baseline: Baseline | None = (Baseline(**saved.baseline)
+                                          if saved and saved.baseline else None)
+        self._priors: dict[int, TargetCosts] = {}
 
     def conversation(self, *, drafter: Any = _SAME,
                      draft_length: DraftLength | None = None) -> Conversation:
@@ -35,9 +47,43 @@ class Engine:
         return Conversation(self, self.drafter if drafter is _SAME else drafter,
                             self.draft_length if draft_length is None else draft_length)
 
+    @property
+    def calibrated(self) -> bool:
+        """Are the costs `auto` reads measured (saved or calibrated here)?"""
+        return self._measured is not None and self._measured.max_draft >= AUTO_MAX_DRAFT
+
     def costs(self, max_draft: int) -> TargetCosts:
-        """The target's verify costs for 1..max_draft + 1 tokens and its plain decoding cost,
-        measured the first time they are asked for (a few timed target passes), then shared."""
-        if max_draft not in self._costs:
-            self._costs[max_draft] = measure_costs(self.target, max_draft)
-        return self._costs[max_draft]
+        """The target's verify costs for 1..max_draft + 1 tokens and its plain decoding cost:
+        measured ones where they reach max_draft, else a prior (never measured here: a turn
+        must not wait for a calibration; `calibrate` runs when the engine is idle)."""
+        if self._measured is not None and self._measured.max_draft >= max_draft:
+            return self._measured.up_to(max_draft)
+        if max_draft not in self._priors:
+            self._priors[max_draft] = self.store.prior(self.target, max_draft)
+        return self._priors[max_draft]
+
+    def calibrate(self, max_draft: int = AUTO_MAX_DRAFT, *, stop: Any = None) -> bool:
+        """Measure the costs (a few timed target passes on a scratch cache) and save them.
+        stop: an Event-like flag checked between passes; False when it stopped the work."""
+        try:
+            self._measured = measure_costs(self.target, max(max_draft, AUTO_MAX_DRAFT),
+                                           stop=stop)
+        except Stopped:
+            return False
+        self._save()
+        return True
+
+    def keep_baseline(self, baseline: Baseline) -> None:
+        """A measured target-only speed, saved beside the costs."""
+        self.baseline = baseline
+        self._save()
+
+    def _save(self) -> None:
+        if self.key is None:
+            return
+        baseline = None if self.baseline is None else dict(
+            tok_s=self.baseline.tok_s, tokens=self.baseline.tokens, method=self.baseline.method)
+        self.store.save(Calibration(
+            key=self.key, model=str(self.target.path), device=device_name(),
+            target_bytes=self.target.nbytes(), costs=self._measured, baseline=baseline,
+            measured_at=time.time()))
