@@ -51,7 +51,7 @@ def test_the_first_turn_makes_at_most_one_pass_before_its_first_token(home, mode
     calls = []
     forward = engine.target.forward
     monkeypatch.setattr(engine.target, "forward",
-                        lambda *a, **kw: calls.append(len(a[0])) or forward(*a, **kw))
+                        lambda *a, **kw: calls.append(a[0]) or forward(*a, **kw))
     conv = engine.conversation()
     events = conv.generate(PROMPT, max_tokens=16, ignore_eos=True)
     first = next(e for e in events if isinstance(e, TokenEvent))

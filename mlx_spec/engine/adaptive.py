@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+OPENING_PLAIN = 3  # plain tokens a policy on a prior opens with (see AdaptiveDraftLength.opening)
+
 
 class AdaptiveDraftLength:
     """Online per-position acceptance + costs fitted from the rounds → k for the next round."""
@@ -33,13 +35,14 @@ class AdaptiveDraftLength:
                  split_every: int = 8, plain_every: int = 32, plain_probe: int = 4,
                  optimism: float = 1.0, probe_budget: float = 0.01, fit_keep: float = 0.97,
                  slope_weight: float = 4.0, long_keep: float = 0.99, measured: bool = True):
-        """measured: False when the costs are a prior (not calibrated on this target): then
-        plain decoding's drift follows the verify drift r until a plain run is timed, so only
-        the prior's shape matters, not its scale."""
+        """measured: False when the costs are a prior (not calibrated on this target): then the
+        policy opens with a round timed in parts and a short plain run, whose times replace
+        the prior's scale for T(k) and T(0) outright (see `opening`)."""
         self.measured = measured
         self.costs = tuple(verify_costs)
         self.k_max = len(self.costs) - 1
         self.plain_timed = False  # has a plain run refined r0 yet?
+        self.opening_due = False  # on a prior: plain tokens owed after the first round
         # α_i as (accepted, seen) with exponential forgetting; priors enter in alphas()
         self.accepted = [0.0] * self.k_max
         self.seen = [0.0] * self.k_max
@@ -67,6 +70,8 @@ class AdaptiveDraftLength:
         self.plain_gap, self.since_plain = plain_every, 0  # rounds between plain probes
         self.probe_gap = probe_every  # rounds between probes while off (see choose)
         self.probe_budget = probe_budget  # a probe's loss, as a share of the time between
+        if not measured:
+            self.opening()
 
     def alphas(self) -> list[float]:
         """α_1 shrunk toward baseline() (weight `prior_weight`, in rounds), each deeper α_i
@@ -219,8 +224,6 @@ class AdaptiveDraftLength:
             ratio = verify_seconds / self.costs[k]
             first = not self.measured and self.rounds_drafted <= 1  # a prior's scale: replace it
             self.slowdown = ratio if first else 0.9 * self.slowdown + 0.1 * ratio
-            if not self.measured and not self.plain_timed:
-                self.plain_drift = self.slowdown
         if k and draft_seconds is not None and fed <= self.k_max + 1:  # not a catch-up
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * draft_seconds / k
         if round_seconds is not None and draft_seconds is None and fed <= self.k_max + 1:
@@ -234,6 +237,8 @@ class AdaptiveDraftLength:
                             for f, x in zip(self.fit, (1.0, k, k * k, t, k * t), strict=True)]
         if k == 0:
             return
+        if self.opening_due:
+            self.opening_due, self.plain_left = False, OPENING_PLAIN
         # evidence ages with the text, by the round's tokens, at every position, tested or
         # not: a position the current k does not reach must not keep what it showed on text
         # long gone (after a hard turn, an easy one would climb back one stale depth at a time)
@@ -260,6 +265,15 @@ class AdaptiveDraftLength:
         keep = 0.9**tokens
         self.plain_drift = keep * self.plain_drift + (1 - keep) * seconds / tokens / self.plain_cost
 
+    def opening(self) -> None:
+        """On a prior: the first drafting round is timed in parts (it sets r outright, and its
+        verify pass brings the turn's first token: no pass is spent before it), then
+        OPENING_PLAIN plain tokens, timed whole (they set r0 outright). T(k) and T(0) are then
+        both measured where the next choice is made, so a prior of the wrong shape (flat,
+        where a quantized target on a CPU grows linearly) cannot keep speculation on where it
+        loses; the fitted line takes over from there."""
+        self.opening_due = True
+
     def recalibrate(self, verify_costs: Sequence[float], plain_cost: float) -> None:
         """Measured costs replace the prior this policy started from: the timing fits start
         again from them (as a new policy's would), the acceptance evidence is kept."""
@@ -269,6 +283,7 @@ class AdaptiveDraftLength:
         self.fit, self.overhead, self.rounds_drafted = [0.0] * 5, 0.0, 0
         self.draft_cost = 0.1 * self.costs[0]
         self.measured, self.plain_timed = True, False
+        self.opening_due, self.plain_left = False, 0
 
     def new_turn(self) -> None:
         """A new prompt: keep `carry` of the acceptance evidence (what the drafter did on the
