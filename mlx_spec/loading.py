@@ -124,9 +124,9 @@ def load_engine(spec: LoadSpec | None = None):
                   "mtp" if (spec.mtp or find_mtp_head(model, target)) else "none")
     d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=spec.mtp)
     num_draft = spec.num_draft
-    if num_draft is None:
-        num_draft = min(getattr(d, "default_k", None) or MAX_DRAFT + 1, MAX_DRAFT) if getattr(
-            d, "default_k", None) else "auto"
+    if num_draft is None:  # the drafter's own length where its files give one, else auto
+        own = getattr(d, "default_k", None)
+        num_draft = min(own, MAX_DRAFT) if own else "auto"
     return Engine(target, tokenizer, d, draft_length=num_draft, kv_bits=spec.kv_bits)
 
 
