@@ -1,7 +1,9 @@
 """How the benchmark measures one row: the models it loads, the engines it drives, the numbers a
 row carries. Every place the benchmark builds or drives an `Engine` is in this file
-(`make_engine`, `warm_up`, `run_ours`, `measure_acceptance`), and so is every verify-cost
-timing (`verify_costs`). Timings are measured here and never asserted by tests.
+(`new_engine`, `warm_up`, `run_ours`, `measure_acceptance`), and so is every verify-cost
+timing (`verify_costs`). Every engine gets an empty calibration store of its own (`fresh_store`):
+the bench neither reads nor writes MLX_SPEC_HOME. Timings are measured here and never asserted
+by tests.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import json
 import os
 import platform
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,7 @@ from ..assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
 from ..drafters import Drafter
 from ..drafters.mtp import MTPDrafter, load_mtp_drafter
 from ..engine import Conversation, Engine
+from ..engine.calibration import CalibrationStore
 from ..engine.costs import measure_verify_costs, smooth_linear
 from ..events import TokenEvent, TurnEnd
 from ..loading import find_mtp_head, load_target
@@ -116,20 +121,52 @@ def timed(stream: Iterable[Any], is_token: Callable[[Any], bool]) -> tuple[list[
     return items, timing
 
 
+def timed_turn(conv: Conversation, prompt: list[int], max_tokens: int,
+               sampling: SamplingConfig) -> tuple[TurnEnd, Timing]:
+    """One turn of exactly `max_tokens` tokens (end of turn ignored): its end and its Timing."""
+    items, timing = timed(conv.generate(prompt, max_tokens=max_tokens, sampling=sampling,
+                                        ignore_eos=True), lambda e: isinstance(e, TokenEvent))
+    end = items[-1]
+    assert isinstance(end, TurnEnd)
+    return end, timing
+
+
 def itl_ms(gaps: list[float]) -> tuple[float, float]:
     p50, p90, _ = quantiles(gaps)
     return 1e3 * p50, 1e3 * p90
 
 
+@cache
+def _scratch() -> tempfile.TemporaryDirectory:
+    """The process's scratch directory for calibration stores (removed at exit)."""
+    return tempfile.TemporaryDirectory(prefix="mlx-spec-bench-")
+
+
+def fresh_store() -> CalibrationStore:
+    """An empty calibration store in a directory of its own: an engine on it reads no saved
+    calibration (its prior sees no other engine's) and saves none where the user's are."""
+    return CalibrationStore(Path(tempfile.mkdtemp(dir=_scratch().name)))
+
+
+def new_engine(target: TargetModel, tokenizer: Any, drafter: Drafter | None,
+               num_draft: DraftLength) -> Engine:
+    """A fresh engine over `target`, `drafter` proposing `num_draft` tokens a round, on an
+    empty calibration store: nothing calibrated, no policy, nothing carried from another."""
+    return Engine(target, tokenizer, drafter, draft_length=num_draft, store=fresh_store())
+
+
 def make_engine(target: TargetModel, tokenizer: Any, drafter: Drafter | None,
                 num_draft: DraftLength) -> Conversation:
-    """A conversation on a fresh engine over `target`, `drafter` proposing `num_draft` tokens a
-    round (each row measures its own engine: no calibration or policy carried between rows)."""
-    return Engine(target, tokenizer, drafter, draft_length=num_draft).conversation()
+    """A conversation on a fresh engine (`new_engine`): each row measures its own engine."""
+    return new_engine(target, tokenizer, drafter, num_draft).conversation()
 
 
 def warm_up(engine: Conversation, prompt: list[int]) -> None:
-    """Four tokens after the prompt's first eight, so a row times no first-call compilation."""
+    """Calibrate the engine of an adaptive conversation (so an `auto` row runs on measured
+    costs, as it did when a first turn calibrated them), then four tokens after the prompt's
+    first eight, so a row times no first-call compilation."""
+    if engine.adaptive and engine.drafter is not None:
+        engine.engine.calibrate()
     list(engine.generate(prompt[:8], max_tokens=4))
 
 
@@ -141,11 +178,7 @@ def run_ours(engine: Conversation, prompts: list[list[int]], max_tokens: int,
     for i, ids in enumerate(prompts):
         engine.reset()
         cfg = SamplingConfig(**{**asdict(sampling), "seed": i})
-        items, timing = timed(engine.generate(ids, max_tokens=max_tokens, sampling=cfg,
-                                              ignore_eos=True),  # fixed-length rows
-                              lambda e: isinstance(e, TokenEvent))
-        end = items[-1]
-        assert isinstance(end, TurnEnd)
+        end, timing = timed_turn(engine, ids, max_tokens, cfg)
         rates.append(timing.tok_s)
         gaps += timing.gaps
         stats.append(end.stats)
