@@ -115,6 +115,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=_positive_float, default=2e-3,
                    help="peak learning rate (default 2e-3, see docs/TRAIN.md)")
 
+    sv = sub.add_parser("serve", help="serve the model over OpenAI-compatible HTTP (several "
+                                       "requests at once, speculation on)")
+    sv.add_argument("model", nargs="?", help="a preset, a hub repo id or a model directory "
+                                             "(default: the demo pair)")
+    sv.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto")
+    sv.add_argument("--draft-model")
+    sv.add_argument("--mtp")
+    sv.add_argument("--num-draft", "-k", default=None)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8080)
+    sv.add_argument("--api-key", default=None,
+                    help="require `Authorization: Bearer KEY` (or x-api-key) on every endpoint "
+                         "but /health")
+    sv.add_argument("--max-concurrency", type=_positive_int, default=4,
+                    help="requests generating at once (more wait in a queue)")
+
     cal = sub.add_parser("calibrate", help="measure a model's costs and target-only speed on "
                                             "this machine now (saved; `auto` reads them)")
     cal.add_argument("model", nargs="?", help="a preset, a hub repo id or a model directory "
@@ -128,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="side-by-side speed benchmark")
     b.add_argument("--quick", action="store_true")
-    b.add_argument("--group", choices=["all", "published"], default="all",
+    b.add_argument("--group", choices=["all", "published", "first-turn"], default="all",
                    help="published: only the Gemma 4 assistant and EAGLE-3 rows "
                         "(docs/BENCH-drafters.md)")
     b.add_argument("--out", default="docs")
@@ -153,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_doctor(args)
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "serve":
+            return cmd_serve(args)
         if args.command == "calibrate":
             return cmd_calibrate(args)
         if args.command == "train-drafter":
@@ -256,6 +274,33 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print()
         print(summary_line(end.stats), file=sys.stderr)
     return code
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Load, then serve until ctrl+c (in-flight requests end after their round; exit 0)."""
+    from .loading import load_engine
+    from .serve import Server
+
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(f"mlx-spec: warning: serving on {args.host} without --api-key: anyone who can "
+              "reach this machine can use the model", file=sys.stderr)
+    engine = load_engine(fetched(spec_from_args(args)))
+    try:
+        server = Server(engine, host=args.host, port=args.port, api_key=args.api_key,
+                        max_concurrency=args.max_concurrency)
+    except OSError as e:
+        raise MlxSpecError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
+    drafter = engine.drafter.name if engine.drafter is not None else "none"
+    print(f"mlx-spec: serving {engine.target.name} (drafter {drafter}, k={engine.draft_length})"
+          f" at {server.url}/v1", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    print("mlx-spec: stopped", file=sys.stderr)
+    return 0
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

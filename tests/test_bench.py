@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 
 from mlx_spec.bench import BenchConfig, bench
+from mlx_spec.bench.parity import mirrored
+from mlx_spec.bench.report import write_first_turn
+from mlx_spec.bench.scenario import GROUPS, bench_first_turn
+from mlx_spec.cli import build_parser
 
 TINY = BenchConfig(hidden=256, layers=5, ffn=640, prompts=1, max_tokens=10, num_draft=2,
                    sweep=(1,), temperatures=((0.0, 1.0), (1.0, 1.0)), quantized_rows=True,
-                   long_context=(200,), parity_pairs=1)
+                   long_context=(200,), parity_pairs=1, first_turn_temperatures=(0.0,))
 
 
 def test_bench_runs_and_greedy_rows_agree(tmp_path):
@@ -44,3 +48,27 @@ def test_bench_runs_and_greedy_rows_agree(tmp_path):
     assert {"gemma4 assistant: target-only T=0", "gemma4 assistant: ours k=3 T=0",
             "eagle3: target-only T=0", "eagle3: ours k=auto T=0"} <= names
     assert set(saved["published"]) == {"gemma4 assistant", "eagle3"}
+    # the first-turn group: auto on a fresh engine against k and against known costs
+    first = saved["first_turn"]
+    assert set(first["targets"]) == {"f32", "f32-hybrid"} and first["pairs"] == 1
+    for t in first["targets"].values():
+        assert t["calibration_s"] > 0 and set(t["temperatures"]) == {"T=0"}
+        p = t["temperatures"]["T=0"]
+        assert all(p[key]["median"] > 0 for key in ("ttft_prior_vs_fixed", "tok_s_prior_vs_known"))
+        assert set(p["sides"]) == {"prior", "fixed", "known"}
+    assert "## First turn" in (tmp_path / "BENCH.md").read_text()
+    write_first_turn({"machine": saved["machine"], "first_turn": first, "minutes": 1.0}, tmp_path)
+    assert "TTFT prior ÷ k=2" in (tmp_path / "BENCH-first-turn.md").read_text()
+
+
+def test_first_turn_group_is_selectable():
+    assert build_parser().parse_args(["bench", "--group", "first-turn"]).group == "first-turn"
+    assert GROUPS["first-turn"] is bench_first_turn
+
+
+def test_mirrored_runs_each_side_twice_in_mirrored_order():
+    order: list[str] = []
+    sides = [lambda n=n: order.append(n) or len(order) for n in "abc"]
+    runs = mirrored(sides, pairs=2)
+    assert order == list("abccba" * 2)
+    assert runs[0] == [(1, 6), (2, 5), (3, 4)]

@@ -3,21 +3,42 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from operator import attrgetter
+from typing import Any, TypeVar
 
 from ..drafters import Drafter
+from ..engine import Engine
 from ..model import TargetModel
-from .runners import Runner
+from .runners import FirstTurn, Runner, new_engine
+
+R = TypeVar("R")
+Pairs = list[list[tuple[Any, Any]]]  # per pair, per side: its (first, second) result
+
+
+def mirrored(sides: Sequence[Callable[[], R]], pairs: int) -> Pairs:
+    """Each side run twice a pair in mirrored order (A B … B A: ABBA for two), so a linear drift
+    in machine speed weighs every side alike."""
+    out = []
+    for _ in range(pairs):
+        first = [side() for side in sides]
+        second = [side() for side in reversed(sides)][::-1]
+        out.append(list(zip(first, second, strict=True)))
+    return out
+
+
+def pair_ratios(runs: Pairs, a: int, b: int, value: Callable[[Any], float] = float) -> dict:
+    """Side a ÷ side b of mirrored runs: the median of the pairs' (a1 + a2) / (b1 + b2) of
+    `value`, and the ratios themselves."""
+    ratios = [(value(p[a][0]) + value(p[a][1])) / (value(p[b][0]) + value(p[b][1]))
+              for p in runs]
+    return {"median": statistics.median(ratios), "pairs": ratios}
 
 
 def abba(a: Callable[[], float], b: Callable[[], float], pairs: int = 3) -> dict:
     """tok/s of a ÷ tok/s of b, in ABBA order so a drift in machine speed cancels: the median
     of `pairs` ratios (a1 + a2) / (b1 + b2), and the ratios themselves."""
-    ratios = []
-    for _ in range(pairs):
-        a1, b1, b2, a2 = a(), b(), b(), a()
-        ratios.append((a1 + a2) / (b1 + b2))
-    return {"median": statistics.median(ratios), "pairs": ratios}
+    return pair_ratios(mirrored([a, b], pairs), 0, 1)
 
 
 def describe(p: dict) -> str:
@@ -43,3 +64,35 @@ def auto_parity(run: Runner, target: TargetModel, drafter: Callable[[], Drafter]
                         top_p).tok_s
 
     return abba(lambda: rate("auto"), lambda: rate(k), pairs)
+
+
+FIRST_TURN_SIDES = ("prior", "fixed", "known")  # the order of first_turn_parity's sides
+
+
+def first_turn_parity(run: Runner, target: TargetModel, drafter: Drafter, k: int,
+                      known: Engine, temperature: float, pairs: int) -> dict[str, Any]:
+    """A conversation's first turn, three ways, in `pairs` mirrored pairs (prior, fixed, known,
+    known, fixed, prior): `auto` on a fresh engine (costs: an empty store's prior), a fixed k on
+    a fresh engine, and `auto` on `known`, an engine calibrated beforehand. The ratios: TTFT
+    prior ÷ fixed and prior ÷ known, tok/s prior ÷ known and prior ÷ fixed; each side's median
+    TTFT, tok/s, tokens and drafts per pass."""
+    sides = [lambda: run.first_turn(new_engine(target, run.tokenizer, drafter, "auto"),
+                                    temperature),
+             lambda: run.first_turn(new_engine(target, run.tokenizer, drafter, k), temperature),
+             lambda: run.first_turn(known, temperature)]
+    runs = mirrored(sides, pairs)
+    ttft, rate = attrgetter("ttft_s"), attrgetter("tok_s")
+    return {"ttft_prior_vs_fixed": pair_ratios(runs, 0, 1, ttft),
+            "ttft_prior_vs_known": pair_ratios(runs, 0, 2, ttft),
+            "tok_s_prior_vs_known": pair_ratios(runs, 0, 2, rate),
+            "tok_s_prior_vs_fixed": pair_ratios(runs, 0, 1, rate),
+            "sides": {name: side_medians([t for p in runs for t in p[i]])
+                      for i, name in enumerate(FIRST_TURN_SIDES)}}
+
+
+def side_medians(turns: list[FirstTurn]) -> dict[str, float]:
+    """The median of each of a side's first-turn figures."""
+    return {"ttft_ms": 1e3 * statistics.median(t.ttft_s for t in turns),
+            "tok_s": statistics.median(t.tok_s for t in turns),
+            "tokens_per_pass": statistics.median(t.tokens_per_pass for t in turns),
+            "drafted_per_pass": statistics.median(t.drafted_per_pass for t in turns)}

@@ -1,6 +1,6 @@
 """The benchmark's report: Markdown tables and sections, the plot, and the files a run writes
 (docs/BENCH.md, docs/bench.json, docs/bench.png; BENCH-drafters.md / .json for the published
-group)."""
+group, BENCH-first-turn.md / .json for the first-turn group)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ def cell(value: float | None, spec: str, prefix: str = "") -> str:
 
 def write_outputs(result: dict[str, Any], out: Path) -> None:
     """bench.json, BENCH.md and bench.png from one run's result."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result, indent=2))
+    write_json(result, out / "bench.json")
     lines = header(result)
     lines += row_table(result["rows"])
     lines += auto_section(result.get("auto_vs_best_fixed", []))
@@ -31,9 +30,12 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
         lines += hybrid_section(result["hybrid"])
     if result.get("published"):
         lines += published_section(result["published"])
+    if result.get("first_turn"):
+        lines += first_turn_section(result["first_turn"])
     lines += notes(result["target"].get("verify_cost_ms", []))
     (out / "BENCH.md").write_text("\n".join(lines))
     plot(result, out / "bench.png")
+
 
 def header(result: dict[str, Any]) -> list[str]:
     """Title, how to reproduce, the machine, the target and whether greedy rows agreed."""
@@ -105,18 +107,17 @@ def notes(verify_cost_ms: list[float]) -> list[str]:
             + ", ".join(f"{x:.1f}" for x in verify_cost_ms) + ".",
             "", "![speedup vs draft length](bench.png)", "",
             "Gemma 4 assistant and EAGLE-3 rows: [BENCH-drafters.md](BENCH-drafters.md) "
-            "(`mlx-spec bench --group published`; the full run includes them too).", ""]
+            "(`mlx-spec bench --group published`); the first turn: "
+            "[BENCH-first-turn.md](BENCH-first-turn.md) (`--group first-turn`); the full run "
+            "includes both.", ""]
 
 
 def write_published(result: dict[str, Any], prompts: int, max_tokens: int, out: Path) -> None:
     """bench-drafters.json and BENCH-drafters.md from a `--group published` run."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench-drafters.json").write_text(json.dumps(result, indent=2))
-    m = result["machine"]
+    write_json(result, out / "bench-drafters.json")
     lines = ["# Benchmark: published drafter layouts", "",
              "Reproduce: `uv run mlx-spec bench --group published`. "
-             f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on "
-             f"{m['device']}, OpenBLAS preloaded: {m['openblas_preloaded']}. "
+             f"{machine_line(result['machine'])}. "
              f"{prompts} held-out prompts × {max_tokens} tokens per row.",
              f"Greedy rows produced identical tokens: **{result['greedy_identical']}**.", ""]
     lines += row_table(result["rows"])
@@ -125,6 +126,18 @@ def write_published(result: dict[str, Any], prompts: int, max_tokens: int, out: 
               "Efficiency = measured speedup ÷ (tokens per pass × c(1) / (c(k+1) + draft time "
               "per pass)), c the fastest of 5 verify timings per q.", ""]
     (out / "BENCH-drafters.md").write_text("\n".join(lines))
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    """`result` as indented JSON at `path` (its folder made where missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    """`Machine: …`: platform, cores, MLX and its device, whether OpenBLAS was preloaded."""
+    return (f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on "
+            f"{m['device']}, OpenBLAS preloaded: {m['openblas_preloaded']}")
 
 
 def row_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -222,3 +235,69 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def write_first_turn(result: dict[str, Any], out: Path) -> None:
+    """bench-first-turn.json and BENCH-first-turn.md from a `--group first-turn` run."""
+    write_json(result, out / "bench-first-turn.json")
+    m = result["machine"]
+    lines = ["# Benchmark: the first turn", "",
+             "Reproduce: `uv run mlx-spec bench --group first-turn` (this run: "
+             f"{result['minutes']:.0f} min). {machine_line(m)}"
+             + (f"; code at {m['commit']}" if m.get("commit") else "") + "."]
+    (out / "BENCH-first-turn.md").write_text("\n".join(lines + first_turn_section(
+        result["first_turn"]) + [""]))
+
+
+def first_turn_section(f: dict[str, Any]) -> list[str]:
+    """The first-turn group: how it is measured, a table of its ratios, their pairs, and what
+    one calibration costs on each target."""
+    k, targets = f["num_draft"], f["targets"]
+    lines = [
+        "", "## First turn: `auto` before anything is calibrated", "",
+        f"Each run is the first turn of a new conversation: {f['max_tokens']} tokens after the "
+        "first held-out prompt (T > 0: seed 0), timed as the caller sees it (TTFT: from the "
+        "call to the first token, i.e. prefill and the first round), after a 4-token warm-up in "
+        "another conversation of the same engine, so no first-call compilation is timed and the "
+        "timed turn's policy is new. Three sides, each with the target's MTP head: **prior**, "
+        "`auto` on a fresh engine over an empty calibration store (its costs: the store's "
+        "prior, refined from the turn's own rounds); "
+        f"**k={k}**, a fixed k on a fresh engine; **known**, `auto` on an engine calibrated "
+        "before the turn (not timed). Ratios: the median of "
+        f"{f['pairs']} mirrored pairs (prior, k={k}, known, known, k={k}, prior), each "
+        "(a₁ + a₂) / (b₁ + b₂) of TTFT or of tok/s; per side, the median of its runs.", "",
+        f"| target | T | TTFT prior ÷ k={k} | tok/s prior ÷ known | TTFT ms prior / k={k} / "
+        f"known | tok/s prior / k={k} / known | drafts per pass prior / k={k} / known |",
+        "|---|---|---|---|---|---|---|"]
+    for name, t in targets.items():
+        for temp, p in t["temperatures"].items():
+            s = [p["sides"][side] for side in ("prior", "fixed", "known")]
+            lines.append(
+                f"| {first_turn_label(name, t)} | {temp} | "
+                f"**{p['ttft_prior_vs_fixed']['median']:.3f}** | "
+                f"**{p['tok_s_prior_vs_known']['median']:.3f}** | "
+                + " / ".join(f"{x['ttft_ms']:.0f}" for x in s) + " | "
+                + " / ".join(f"{x['tok_s']:.1f}" for x in s) + " | "
+                + " / ".join(f"{x['drafted_per_pass']:.2f}" for x in s) + " |")
+    lines += ["", "Pairs:", ""]
+    for name, t in targets.items():
+        for temp, p in t["temperatures"].items():
+            lines.append(f"- {first_turn_label(name, t)} {temp}: " + "; ".join(
+                f"{what} **{p[key]['median']:.3f}** (pairs: "
+                + ", ".join(f"{r:.3f}" for r in p[key]["pairs"]) + ")"
+                for key, what in (("ttft_prior_vs_fixed", f"TTFT prior ÷ k={k}"),
+                                  ("ttft_prior_vs_known", "TTFT prior ÷ known"),
+                                  ("tok_s_prior_vs_known", "tok/s prior ÷ known"),
+                                  ("tok_s_prior_vs_fixed", f"tok/s prior ÷ k={k}"))))
+    lines += ["", "What used to stand before the first token: `engine.calibrate()` (verify "
+              "costs for q = 1..9 tokens and plain decoding), timed once per target on a fresh "
+              "engine: " + ", ".join(f"{first_turn_label(name, t)} **{t['calibration_s']:.1f} s**"
+                                     for name, t in targets.items())
+              + ". Before costs were kept, the first `auto` turn ran it inside the turn, so its "
+              "TTFT was about that plus the `known` TTFT above."]
+    return lines
+
+
+def first_turn_label(name: str, t: dict[str, Any]) -> str:
+    """`wide 114M` / `hybrid 133M`: the first-turn group's name for a target."""
+    return f"{'hybrid' if 'hybrid' in name else 'wide'} {t['params'] / 1e6:.0f}M"

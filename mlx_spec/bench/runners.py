@@ -1,9 +1,9 @@
 """How the benchmark measures one row: the models it loads, the engines it drives, the numbers a
 row carries. Every place the benchmark builds or drives an `Engine` is in this file
-(`new_engine`, `warm_up`, `run_ours`, `measure_acceptance`), and so is every verify-cost
-timing (`verify_costs`). Every engine gets an empty calibration store of its own (`fresh_store`):
-the bench neither reads nor writes MLX_SPEC_HOME. Timings are measured here and never asserted
-by tests.
+(`new_engine`, `warm_up`, `run_ours`, `first_turn`, `measure_acceptance`), and so is every
+verify-cost timing (`verify_costs`). Every engine gets an empty calibration store of its own
+(`fresh_store`): the bench neither reads nor writes MLX_SPEC_HOME. Timings are measured here and
+never asserted by tests.
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ class BenchConfig:
     published_rows: bool = True  # Gemma 4 assistant and EAGLE-3 pairs (bench/published.py)
     long_context: tuple[int, ...] = (1024, 3800)  # prompt lengths of the long-context rows
     parity_pairs: int = 8  # ABBA pairs behind each ratio single rows cannot settle (±~3% at 5)
+    first_turn: bool = True  # the first-turn group: auto on a fresh engine (scenario.py)
+    first_turn_temperatures: tuple[float, ...] = (0.0, 1.0)
 
 
 QUICK = BenchConfig(prompts=1, max_tokens=48, sweep=(2, 4), temperatures=((0.0, 1.0), (1.0, 1.0)),
@@ -170,6 +172,36 @@ def warm_up(engine: Conversation, prompt: list[int]) -> None:
     list(engine.generate(prompt[:8], max_tokens=4))
 
 
+@dataclass(frozen=True)
+class FirstTurn:
+    """A conversation's first turn as its caller saw it."""
+
+    ttft_s: float  # from the call to the first token: prefill and the first round
+    tok_s: float  # after the first token (Timing.tok_s)
+    tokens_per_pass: float
+    drafted_per_pass: float
+
+
+def first_turn(engine: Engine, prompt: list[int], max_tokens: int,
+               sampling: SamplingConfig) -> FirstTurn:
+    """The first turn of a new conversation on `engine`: `max_tokens` fixed-length tokens after
+    `prompt`, after four warm-up tokens in a conversation of their own (no first-call
+    compilation is timed, and the timed turn's policy starts from the engine's costs alone)."""
+    list(engine.conversation().generate(prompt[:8], max_tokens=4))
+    end, timing = timed_turn(engine.conversation(), prompt, max_tokens, sampling)
+    s = end.stats
+    return FirstTurn(timing.ttft_s, timing.tok_s, s.tokens_per_pass,
+                     s.drafted / max(s.target_passes, 1))
+
+
+def timed_calibration(engine: Engine) -> float:
+    """Seconds `engine.calibrate()` takes: what a first `auto` turn waited for before its first
+    token while costs were measured inside it."""
+    t0 = time.perf_counter()
+    engine.calibrate()
+    return time.perf_counter() - t0
+
+
 def run_ours(engine: Conversation, prompts: list[list[int]], max_tokens: int,
              sampling: SamplingConfig, row: Row) -> Row:
     """Fill `row` from `max_tokens` fixed-length tokens after each prompt (prompt i drawn with
@@ -259,6 +291,11 @@ class Runner:
         row = Row(name, drafter_name, "mlx-spec", target_name, temperature, top_p, num_draft)
         return run_ours(engine, prompts or self.prompts, self.max_tokens,
                         SamplingConfig(temperature=temperature, top_p=top_p), row)
+
+    def first_turn(self, engine: Engine, temperature: float) -> FirstTurn:
+        """The first turn of a new conversation on `engine`, on the run's first prompt (seed 0)."""
+        return first_turn(engine, self.prompts[0], self.max_tokens,
+                          SamplingConfig(temperature=temperature, seed=0))
 
     def mlx_lm(self, target: TargetModel, name: str, target_name: str, temperature: float, *,
                draft: TargetModel | None = None, k: int = 0, top_p: float = 1.0,

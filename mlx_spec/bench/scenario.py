@@ -4,7 +4,8 @@ The target is the bundled demo target widened (function-preserving, see widen.py
 memory-bound f32 model of ~110M parameters, so acceptance is real (trained drafters) and the
 verify cost behaves as on a Mac. A 4-bit copy adds the compute-bound case. Rows: ours
 target-only, mlx-lm generate_step, mlx-lm speculative_generate_step, ours draft-model / MTP /
-n-gram / adaptive, at T = 0, T = 1 and T = 0.7 with top-p 0.9. Results: docs/BENCH.md,
+n-gram / adaptive, at T = 0, T = 1 and T = 0.7 with top-p 0.9; and a conversation's first turn
+with `auto` before anything is calibrated (`compare_first_turn`). Results: docs/BENCH.md,
 docs/bench.json, docs/bench.png. Timings are measured here and never asserted by tests.
 
 This file says which rows are run and what they are compared with; runners.py measures a row,
@@ -21,10 +22,11 @@ from typing import Any
 
 from ..drafters import DraftModelDrafter, NgramDrafter
 from ..train.corpus import long_prompt, prompts_from_corpus
-from .hybrid import hybrid_rows
-from .parity import abba, auto_parity, describe, target_only_parity
+from .hybrid import TARGET as HYBRID_TARGET
+from .hybrid import build_hybrid, hybrid_rows
+from .parity import abba, auto_parity, describe, first_turn_parity, target_only_parity
 from .published import published_rows
-from .report import cell, write_outputs, write_published
+from .report import cell, write_first_turn, write_outputs, write_published
 from .runners import (
     QUICK,
     BenchConfig,
@@ -37,7 +39,9 @@ from .runners import (
     load_demo,
     load_demo_tokenizer,
     machine,
+    new_engine,
     row_dicts,
+    timed_calibration,
     verify_costs,
 )
 from .vocab import vocabulary_cost
@@ -90,6 +94,8 @@ def bench(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]:
         group, published = published_rows(cfg, run, log)
         rows += group
 
+    first_turn = compare_first_turn(cfg, run, models, log) if cfg.first_turn else None
+
     mismatched = greedy_mismatches(rows, GREEDY_TARGETS)
     vocabulary = vocabulary_cost()
     log(f"sampler at V={vocabulary['vocab']}: {vocabulary['ms']:.2f} ms for p and q of a k=4 "
@@ -108,6 +114,7 @@ def bench(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]:
         "parity": parity,
         "hybrid": hybrid,
         "published": published,
+        "first_turn": first_turn,
         "rows": row_dicts(rows),
     }
     write_outputs(result, out)
@@ -309,11 +316,51 @@ def bench_published(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, 
     return result
 
 
+def compare_first_turn(cfg: BenchConfig, run: Runner, models: BenchModels, log: Log
+                       ) -> dict[str, Any]:
+    """A conversation's first turn on the wide target and on the hybrid one (hybrid.py's pair),
+    each with its MTP head, at each of cfg.first_turn_temperatures: `auto` on a fresh engine
+    against a fixed k (TTFT) and against `auto` with costs known (tok/s), in cfg.parity_pairs
+    mirrored pairs; and the seconds one calibration takes on each target."""
+    _, hybrid, hybrid_mtp = build_hybrid(cfg.hidden, cfg.layers, cfg.ffn, cfg.hybrid_noise)
+    targets = {"f32": (models.wide, models.mtp_on()), HYBRID_TARGET: (hybrid, hybrid_mtp)}
+    info: dict[str, Any] = {"pairs": cfg.parity_pairs, "num_draft": cfg.num_draft,
+                            "max_tokens": cfg.max_tokens, "targets": {}}
+    for name, (target, mtp) in targets.items():
+        known = new_engine(target, run.tokenizer, mtp, "auto")
+        seconds = timed_calibration(known)
+        log(f"-- first turn on {name}: one calibration takes {seconds:.1f} s")
+        ratios = {}
+        for temp in cfg.first_turn_temperatures:
+            p = first_turn_parity(run, target, mtp, cfg.num_draft, known, temp,
+                                  cfg.parity_pairs)
+            log(f"T={temp:g}: TTFT prior ÷ k={cfg.num_draft} {describe(p['ttft_prior_vs_fixed'])}"
+                f"; tok/s prior ÷ known {describe(p['tok_s_prior_vs_known'])}")
+            ratios[f"T={temp:g}"] = p
+        info["targets"][name] = {"params": parameter_count(target.model),
+                                 "calibration_s": seconds, "temperatures": ratios}
+    return info
+
+
+def bench_first_turn(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]:
+    """`mlx-spec bench --group first-turn`: only the first-turn group; written to
+    BENCH-first-turn.md / bench-first-turn.json."""
+    started = time.perf_counter()
+    models = load_bench_models(cfg)
+    run = Runner(models.tokenizer, prompts_from_corpus(models.tokenizer, cfg.prompts),
+                 cfg.max_tokens)
+    info = compare_first_turn(cfg, run, models, log)
+    result = {"machine": machine(), "config": asdict(cfg), "first_turn": info,
+              "minutes": (time.perf_counter() - started) / 60}
+    write_first_turn(result, out)
+    return result
+
+
+GROUPS = {"all": bench, "published": bench_published, "first-turn": bench_first_turn}
+
+
 def cmd_bench(args) -> int:
     cfg = QUICK if args.quick else BenchConfig()
     log = lambda s: print(s, flush=True)  # noqa: E731
-    if getattr(args, "group", "all") == "published":
-        bench_published(cfg, Path(args.out), log)
-    else:
-        bench(cfg, Path(args.out), log)
+    GROUPS[getattr(args, "group", "all")](cfg, Path(args.out), log)
     return 0
