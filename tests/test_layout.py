@@ -26,6 +26,7 @@ FLOORS = {
     "mlx_spec.train": 5,
     "mlx_spec.doctor": 5,
     "mlx_spec.cli_models": 5,
+    "mlx_spec.serve": 5,
     "mlx_spec_app": 6,
     "mlx_spec.cli": 7,
 }

@@ -1,0 +1,134 @@
+"""OpenAI-shaped answers: completions, streamed chunks, usage, and what speculation did for the
+request under the names clients already read (llama.cpp's `timings`, vLLM's per-request
+`speculative_decoding`)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from ..events import TurnStats
+
+FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+
+
+class StopText:
+    """Stop sequences over streamed text: `add` returns what may be shown now, holding back any
+    tail that could still become a stop sequence; `hit` once one appeared (the text is cut
+    before it)."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops, self.held, self.hit = stops, "", False
+
+    def add(self, text: str) -> str:
+        if not self.stops:
+            return text
+        self.held += text
+        for s in self.stops:
+            if (i := self.held.find(s)) >= 0:
+                out, self.held, self.hit = self.held[:i], "", True
+                return out
+        keep = max((n for s in self.stops for n in range(1, len(s))
+                    if self.held.endswith(s[:n])), default=0)
+        out, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep :]
+        return out
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(s: TurnStats) -> dict[str, int]:
+    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated_tokens,
+            "total_tokens": s.prompt_tokens + s.generated_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.reused_tokens}}
+
+
+def timings(s: TurnStats, drafter: str) -> dict[str, Any]:
+    """llama.cpp's per-request timings, and the draft counters when the request drafted."""
+    gen_s = s.generation_s if s.generated_tokens else 0.0
+    prompt_n = s.prompt_tokens - s.reused_tokens
+    out: dict[str, Any] = {
+        "cache_n": s.reused_tokens, "prompt_n": prompt_n, "prompt_ms": 1e3 * s.prefill_s,
+        "prompt_per_second": prompt_n / s.prefill_s if s.prefill_s > 0 else 0.0,
+        "predicted_n": s.generated_tokens, "predicted_ms": 1e3 * gen_s,
+        "predicted_per_second": s.tok_s,
+        "predicted_per_token_ms": 1e3 * gen_s / s.generated_tokens if s.generated_tokens else 0.0,
+        "ttft_ms": 1e3 * s.ttft_s, "target_passes": s.target_passes,
+    }
+    if s.drafted:
+        out.update(draft_kind=drafter, draft_n=s.drafted, draft_n_accepted=s.accepted)
+    return out
+
+
+def speculative_decoding(s: TurnStats) -> dict[str, Any] | None:
+    """vLLM's per-request object: rounds that drafted, drafted and accepted tokens, mean
+    acceptance length (1 + accepted per drafting round), acceptance per position."""
+    if not s.drafted:
+        return None
+    rounds = s.per_position_drafted[0] if s.per_position_drafted else 0  # each drafts one
+    return {
+        "num_spec_steps": rounds,
+        "num_draft_tokens": s.drafted,
+        "num_accepted_draft_tokens": s.accepted,
+        "mean_acceptance_length": 1 + s.accepted / rounds if rounds else 1.0,
+        "draft_acceptance_rate": s.acceptance_rate,
+        "acceptance_per_position": [round(a, 4) for a in s.per_position_acceptance],
+        "tokens_per_target_pass": s.tokens_per_pass,
+    }
+
+
+def extras(s: TurnStats, drafter: str) -> dict[str, Any]:
+    """The fields beside `usage` on a final answer or the last streamed chunk."""
+    out: dict[str, Any] = {"timings": timings(s, drafter)}
+    if (spec := speculative_decoding(s)) is not None:
+        out["speculative_decoding"] = spec
+    return out
+
+
+def completion(kind: str, rid: str, model: str, text: str, finish: str, s: TurnStats,
+               drafter: str, token_kinds: list[str] | None) -> dict[str, Any]:
+    """The whole answer of a request that did not stream."""
+    if kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
+                                  "message": {"role": "assistant", "content": text}}
+    else:
+        choice = {"index": 0, "finish_reason": finish, "text": text, "logprobs": None}
+    if token_kinds is not None:
+        choice["mlx_spec_token_kinds"] = token_kinds
+    return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice],
+            "usage": usage(s), **extras(s, drafter)}
+
+
+def chunk(kind: str, rid: str, model: str, text: str | None, *, finish: str | None = None,
+          role: bool = False, token_kinds: list[str] | None = None) -> dict[str, Any]:
+    """One streamed chunk (text None: a chunk with no content, e.g. the finish)."""
+    if kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant"} if role else {}
+        if text is not None:
+            delta["content"] = text
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+    if token_kinds:
+        choice["mlx_spec_token_kinds"] = token_kinds
+    return {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else
+            "text_completion", "created": int(time.time()), "model": model, "choices": [choice]}
+
+
+def usage_chunk(kind: str, rid: str, model: str, s: TurnStats, drafter: str) -> dict[str, Any]:
+    """The last chunk when the client asked for usage: no choices, usage and stats."""
+    return {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else
+            "text_completion", "created": int(time.time()), "model": model, "choices": [],
+            "usage": usage(s), **extras(s, drafter)}
+
+
+def error(message: str, *, kind: str = "invalid_request_error", param: str | None = None,
+          code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

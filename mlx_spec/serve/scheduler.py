@@ -1,0 +1,136 @@
+"""Several requests at once on one engine: each request is a Conversation of its own beside the
+engine's weights, and one engine thread runs them all, a round of each in turn, so every stream
+keeps flowing and speculation stays on for each (its own drafter state, its own policy).
+
+What this does not do yet: one target verify pass over every active request's round (batched
+verification). Rounds are interleaved, not batched, so the aggregate throughput is one stream's.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine import Engine
+from ..events import Event, TurnEnd
+from ..sampling import SamplingConfig
+
+_DONE = object()  # the end of a job's events
+
+
+class QueueFull(Exception):
+    """More requests are waiting than the server queues (answered 429)."""
+
+
+@dataclass
+class Job:
+    """One request in the scheduler: its prompt, its events as they come, its stop flag."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingConfig
+    stop: threading.Event = field(default_factory=threading.Event)
+    events: queue.Queue = field(default_factory=queue.Queue)
+
+    def stream(self) -> Iterator[Event]:
+        """The job's events (TokenEvents, then its TurnEnd); an engine error is raised here."""
+        while (item := self.events.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def cancel(self) -> None:
+        """Stop after the round in progress (a client went away, a stop sequence was seen)."""
+        self.stop.set()
+
+
+class Scheduler:
+    """The engine thread: takes jobs (up to `max_concurrency` run at once, `max_queue` more
+    wait), and advances every running job by one event in turn."""
+
+    def __init__(self, engine: Engine, *, max_concurrency: int = 4, max_queue: int = 64):
+        self.engine = engine
+        self.max_concurrency, self.max_queue = max_concurrency, max_queue
+        self._waiting: deque[Job] = deque()
+        self._lock = threading.Condition()
+        self._closed = False
+        self.running = 0
+        self._thread = threading.Thread(target=self._run, name="mlx-spec-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, prompt: list[int], *, max_tokens: int, sampling: SamplingConfig) -> Job:
+        job = Job(prompt, max_tokens, sampling)
+        with self._lock:
+            if self._closed:
+                raise QueueFull("the server is shutting down")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting already")
+            self._waiting.append(job)
+            self._lock.notify()
+        return job
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Cancel what runs or waits (each ends after its round in progress) and stop."""
+        with self._lock:
+            self._closed = True
+            for job in self._waiting:
+                job.cancel()
+            self._lock.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        """The engine thread, on an MLX stream of its own, freed when it ends (MLX streams are
+        per thread; a thread that ends holding one can abort the process at exit)."""
+        import mlx.core as mx
+
+        mx.set_default_stream(mx.new_stream(mx.default_device()))
+        try:
+            self._loop()
+        finally:
+            mx.clear_streams()
+
+    def _loop(self) -> None:
+        running: list[tuple[Job, Iterator[Event]]] = []
+        while True:
+            with self._lock:
+                while not running and not self._waiting and not self._closed:
+                    self._lock.wait()
+                if self._closed and not running and not self._waiting:
+                    return
+                while self._waiting and len(running) < self.max_concurrency:
+                    job = self._waiting.popleft()
+                    running.append((job, self._start(job)))
+                self.running = len(running)
+            running = [(job, turn) for job, turn in running if self._step(job, turn)]
+            self.running = len(running)
+
+    def _start(self, job: Job) -> Iterator[Event]:
+        conv = self.engine.conversation()
+        return conv.generate(job.prompt, max_tokens=job.max_tokens, sampling=job.sampling,
+                             stop=job.stop)
+
+    @staticmethod
+    def _step(job: Job, turn: Iterator[Event]) -> bool:
+        """Hand the job its next event; False when the job is over."""
+        try:
+            event: Any = next(turn)
+        except StopIteration:
+            job.events.put(_DONE)
+            return False
+        except Exception as e:  # noqa: BLE001 - one failing request never ends the others
+            job.events.put(e)
+            job.events.put(_DONE)
+            return False
+        job.events.put(event)
+        if isinstance(event, TurnEnd):
+            job.events.put(_DONE)
+            return False
+        return True

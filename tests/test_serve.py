@@ -1,0 +1,193 @@
+"""`mlx-spec serve` through the official `openai` client, on a tiny model served on 127.0.0.1:
+answers equal the engine's own, concurrent streams equal each one alone, bad requests are
+OpenAI's errors, a client that goes away frees its slot, and the server outlives all of it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+
+import openai
+import pytest
+
+from mlx_spec.drafters import DraftModelDrafter
+from mlx_spec.engine import Engine
+from mlx_spec.loading import load_target
+from mlx_spec.serve import Server
+from mlx_spec.templates import encode_chat
+
+KEY = "test-key"
+CHAT = [{"role": "user", "content": "def add(a, b):"}]
+
+
+@pytest.fixture(scope="module")
+def pair(model_dirs):
+    target, tok = load_target(model_dirs("llama"))
+    draft, _ = load_target(model_dirs("llama"))  # drafting for itself: mostly accepted
+    return target, tok, draft
+
+
+@pytest.fixture(scope="module")
+def server(pair):
+    target, tok, draft = pair
+    engine = Engine(target, tok, DraftModelDrafter(draft, target), draft_length=3)
+    server = Server(engine, port=0, api_key=KEY, max_concurrency=4, max_queue=8)
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def alone(pair, messages, max_tokens, **sampling):
+    """The same request on a conversation of its own, outside the server."""
+    from mlx_spec.sampling import SamplingConfig
+
+    target, tok, draft = pair
+    conv = Engine(target, tok, DraftModelDrafter(draft, target), draft_length=3).conversation()
+    events = list(conv.generate(encode_chat(tok, messages), max_tokens=max_tokens,
+                                sampling=SamplingConfig(**sampling)))
+    return "".join(e.text for e in events[:-1]), events[-1]
+
+
+def test_chat_answers_as_the_engine_does_with_its_speculation_stats(client, pair):
+    r = client.chat.completions.create(model="x", messages=CHAT, max_tokens=24, temperature=0)
+    text, end = alone(pair, CHAT, 24)
+    assert r.choices[0].message.content == text
+    assert r.usage.completion_tokens == end.stats.generated_tokens
+    extra = r.model_extra
+    assert extra["timings"]["predicted_n"] == end.stats.generated_tokens
+    assert extra["timings"]["draft_n"] == end.stats.drafted > 0
+    spec = extra["speculative_decoding"]
+    assert spec["num_accepted_draft_tokens"] == end.stats.accepted
+    assert spec["mean_acceptance_length"] > 1
+
+
+def test_streamed_chat_and_completions_and_models(client, pair):
+    parts, last = [], None
+    stream = client.chat.completions.create(model="x", messages=CHAT, max_tokens=24,
+                                            stream=True, stream_options={"include_usage": True})
+    for c in stream:
+        if c.choices and c.choices[0].delta.content:
+            parts.append(c.choices[0].delta.content)
+        last = c
+    assert "".join(parts) == alone(pair, CHAT, 24)[0]
+    assert last.usage.completion_tokens > 0 and "speculative_decoding" in last.model_extra
+    done = client.completions.create(model="x", prompt="def f(", max_tokens=8)
+    assert done.choices[0].text and done.usage.completion_tokens == 8
+    ids = client.completions.create(model="x", prompt=[5, 6, 7, 8], max_tokens=4)
+    assert ids.usage.prompt_tokens == 4
+    assert [m.id for m in client.models.list().data] == [pair[0].name]
+
+
+def test_four_concurrent_streams_each_equal_their_request_alone(client, pair):
+    """Greedy and seeded sampled requests interleaved on one engine: token for token what each
+    gives alone (each has its own conversation and its own random stream)."""
+    asks = [dict(messages=[{"role": "user", "content": f"def f{i}(x):"}], max_tokens=20,
+                 temperature=0.0 if i % 2 else 1.0, seed=i) for i in range(4)]
+    got: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        stream = client.chat.completions.create(model="x", stream=True, **asks[i])
+        got[i] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, a in enumerate(asks):
+        want, _ = alone(pair, a["messages"], 20, temperature=a["temperature"], seed=i)
+        assert got[i] == want, i
+
+
+def test_stop_sequences_and_token_kinds(client):
+    r = client.chat.completions.create(model="x", messages=CHAT, max_tokens=40,
+                                       extra_body={"mlx_spec_token_kinds": True})
+    full = r.choices[0].message.content
+    kinds = r.choices[0].model_extra["mlx_spec_token_kinds"]
+    assert len(kinds) == r.usage.completion_tokens
+    assert set(kinds) <= {"accepted", "corrected", "bonus", "target"} and "accepted" in kinds
+    cut = full[3:6]
+    stopped = client.chat.completions.create(model="x", messages=CHAT, max_tokens=40, stop=cut)
+    assert stopped.choices[0].message.content == full[: full.index(cut)]
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    (dict(messages=CHAT, n=2), "n"),
+    (dict(messages=CHAT, temperature=-1), "temperature"),
+    (dict(messages=CHAT, top_p=1.5), "top_p"),
+    (dict(messages=CHAT, max_tokens=0), "max_tokens"),
+    (dict(messages=[]), "messages"),
+    (dict(messages=[{"role": "robot", "content": "x"}]), "messages[0]"),
+    (dict(messages=CHAT, stop=["a", "b", "c", "d", "e"]), "stop"),
+    (dict(messages=[{"role": "user", "content": "x " * 5000}]), "messages"),
+])
+def test_bad_requests_are_400_with_the_field_named(client, body, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="x", **body)
+    assert e.value.body["param"] == param and "\n" not in e.value.body["message"]
+
+
+def test_auth_bad_json_and_unknown_routes(server):
+    bad = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    host, port = server.httpd.server_address[:2]
+    for method, path, body, headers, status in [
+        ("GET", "/health", None, {}, 200),  # no key needed
+        ("POST", "/v1/chat/completions", b"{nope", {"Authorization": f"Bearer {KEY}"}, 400),
+        ("POST", "/v1/chat/completions", b"[]", {"x-api-key": KEY}, 400),
+        ("GET", "/v1/nothing", None, {"Authorization": f"Bearer {KEY}"}, 404),
+    ]:
+        c = http.client.HTTPConnection(host, port, timeout=30)
+        c.request(method, path, body=body, headers=headers)
+        r = c.getresponse()
+        data = json.loads(r.read())
+        assert r.status == status, (path, data)
+        assert status == 200 or "message" in data["error"]
+        c.close()
+
+
+def test_a_client_that_goes_away_frees_its_slot(server, client):
+    """Many streams dropped after their first chunk: each request is cancelled within a round,
+    nothing keeps running, and the server still answers."""
+    for _ in range(6):
+        stream = client.chat.completions.create(model="x", messages=CHAT, max_tokens=200,
+                                                stream=True)
+        next(iter(stream))
+        stream.close()
+    for _ in range(200):  # bounded: the engine thread notices each at its next write
+        if server.scheduler.running == 0 and server.scheduler.waiting == 0:
+            break
+        threading.Event().wait(0.05)
+    assert server.scheduler.running == 0
+    assert client.chat.completions.create(model="x", messages=CHAT, max_tokens=4).choices
+
+
+def test_the_cli_serves_the_demo_pair_and_stops(tmp_path):
+    """`mlx-spec serve` as a process: prints its URL, answers, and ctrl+c ends it with 0."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec.cli", "serve", "--port", str(port)],
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        line = proc.stderr.readline()
+        assert f"127.0.0.1:{port}/v1" in line and "drafter mtp" in line, line
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+        assert c.chat.completions.create(model="demo", messages=CHAT, max_tokens=8).choices
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, proc.stderr.read()
