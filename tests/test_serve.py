@@ -191,3 +191,24 @@ def test_the_cli_serves_the_demo_pair_and_stops(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0, proc.stderr.read()
+
+
+def test_an_auto_server_calibrates_while_idle(pair, tmp_path):
+    """No request waits for a calibration: the server measures the costs between requests."""
+    from mlx_spec.engine.calibration import CalibrationStore
+
+    target, tok, draft = pair
+    engine = Engine(target, tok, DraftModelDrafter(draft, target), draft_length="auto",
+                    store=CalibrationStore(tmp_path))
+    server = Server(engine, port=0)
+    server.start()
+    try:
+        for _ in range(600):  # bounded: a few seconds on the tiny model
+            if engine.calibrated:
+                break
+            threading.Event().wait(0.05)
+        assert engine.calibrated
+        c = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0)
+        assert c.chat.completions.create(model="x", messages=CHAT, max_tokens=8).choices
+    finally:
+        server.close()

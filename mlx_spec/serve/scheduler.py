@@ -58,6 +58,7 @@ class Scheduler:
         self._waiting: deque[Job] = deque()
         self._lock = threading.Condition()
         self._closed = False
+        self._arrived = threading.Event()  # a request came: idle work gives way
         self.running = 0
         self._thread = threading.Thread(target=self._run, name="mlx-spec-engine", daemon=True)
         self._thread.start()
@@ -74,6 +75,7 @@ class Scheduler:
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting already")
             self._waiting.append(job)
+            self._arrived.set()
             self._lock.notify()
         return job
 
@@ -83,6 +85,7 @@ class Scheduler:
             self._closed = True
             for job in self._waiting:
                 job.cancel()
+            self._arrived.set()
             self._lock.notify()
         self._thread.join(timeout)
 
@@ -100,6 +103,8 @@ class Scheduler:
     def _loop(self) -> None:
         running: list[tuple[Job, Iterator[Event]]] = []
         while True:
+            if not running and not self._waiting and not self._closed:
+                self._calibrate_while_idle()
             with self._lock:
                 while not running and not self._waiting and not self._closed:
                     self._lock.wait()
@@ -111,6 +116,15 @@ class Scheduler:
                 self.running = len(running)
             running = [(job, turn) for job, turn in running if self._step(job, turn)]
             self.running = len(running)
+
+    def _calibrate_while_idle(self) -> None:
+        """Between requests: measure the target's costs if `auto` still reads a prior; a
+        request arriving stops it between passes (it is tried again at the next idle)."""
+        engine = self.engine
+        if engine.draft_length != "auto" or engine.drafter is None or engine.calibrated:
+            return
+        self._arrived.clear()
+        engine.calibrate(stop=self._arrived)
 
     def _start(self, job: Job) -> Iterator[Event]:
         conv = self.engine.conversation()
