@@ -1,9 +1,10 @@
 """The chat app: the layout and the view, composed from the parts that do the work.
 
-* `EngineHost` (engine_host.py): load, baseline, restart after a crash, drafter switches, close.
+* `EngineHost` (engine_host.py): load, restart after a crash, drafter switches, close, and the
+  idle work (idle.py) that measures the costs and baseline not saved yet.
 * `ModelPicker` (downloads.py): the model list and downloads.
 * `Activity` (busy.py): what the engine is doing; every action that would start another engine
-  call waits until it is idle.
+  call waits until it is idle. Idle work runs only while it is idle and stops when it is not.
 * `ChatPane` (chat_pane.py): the conversation and its turns; the app hands it the engine, the
   settings and the baseline, and hears back through its messages.
 
@@ -28,6 +29,7 @@ from .chat_pane import ChatPane
 from .downloads import ModelPicker
 from .engine_host import EngineHost, EngineReady, EngineSwitched, LoadFailed
 from .history import History
+from .idle import IdleDone
 from .keys import ACTIONS, bindings
 from .models import DEMO_LINE, DEMO_PROMPTS
 from .screens import HelpScreen, HistoryScreen, LoadErrorScreen, SettingsScreen
@@ -56,11 +58,11 @@ class SpecChatApp(App[None]):
         caller closes that engine). pull: a preset or hub repo to download first."""
         super().__init__()
         self.history = history or History()
-        self.activity = Activity(self._show_status, self.set_timer)
+        self.activity = Activity(self._activity_changed, self.set_timer)
         self.host = EngineHost(self, self.history, self.activity, spec or LoadSpec(),
                                engine=engine, baseline=baseline)
         self.models = ModelPicker(self, self.host, self.activity, self.history)
-        self.chat = ChatPane(self.history, id="chat")
+        self.chat = ChatPane(self.history, take_engine=self.host.idle.yield_engine, id="chat")
         self.settings = Settings.restore(self.history.get("settings"))  # the next turn's
         self.highlight = True
         self.totals = Totals()
@@ -98,10 +100,8 @@ class SpecChatApp(App[None]):
         self.query_one(PromptInput).focus()
         self.show_history_notice()
         given = self.host.given
-        if given is not None and self.host.baseline is None:
-            self.host.measure(given)
-        elif given is not None:
-            self.on_engine_ready(EngineReady(given, self.host.baseline))
+        if given is not None:
+            self.on_engine_ready(EngineReady(given, self.host.baseline or given.info.baseline))
         elif self.pull is not None:
             self.models.download(self.pull)
         elif self.host.first_run():
@@ -132,6 +132,15 @@ class SpecChatApp(App[None]):
         yield from super().get_system_commands(screen)
         for a in ACTIONS:
             yield SystemCommand(a.title, f"{a.help} ({a.key})", getattr(self, f"action_{a.action}"))
+
+    def _activity_changed(self) -> None:
+        """Activity moved: the status line; idle work stops as the engine gets busy, and starts
+        once it is idle (after the handler that made it idle, which may start a change)."""
+        self._show_status()
+        if self.activity.state:
+            self.host.idle.stop()
+        else:
+            self.call_later(self.host.work_while_idle)
 
     def _show_status(self) -> None:
         """The status line from the engine's activity (Activity calls it on every change)."""
@@ -203,6 +212,23 @@ class SpecChatApp(App[None]):
             self.notify(msg.error, title="Drafter not changed", severity="error", timeout=10)
         else:
             self.notify(f"Now: {self.host.label()}.")
+
+    def on_idle_done(self, msg: IdleDone) -> None:
+        """Idle work returned: a baseline that arrived goes wherever speedups are shown; work
+        that a call stopped goes on once the engine is idle again."""
+        if msg.engine is not self.host.engine:
+            return  # closed since
+        if self.host.took(msg):
+            self.chat.attach(msg.engine, self.host.baseline)
+            self._show_engine()
+            if self.totals.turns:
+                self.query_one(StatsPanel).show_totals(self.totals, self.host.baseline)
+        if msg.error:
+            self.notify(msg.error, title="Measuring while idle", severity="warning", timeout=10)
+            if self.host.restart_if_dead():
+                self.notify("Starting the engine again…", timeout=6)
+        elif msg.stopped:
+            self.host.work_while_idle()
 
     def _settle(self) -> None:
         """The engine is idle: say so, then apply a drafter change that waited for it."""

@@ -1,5 +1,5 @@
 """What the engine is doing, in one place: `Activity`, owned by the app and changed by the engine
-lifecycle (loading, measuring, switching) and by the app around the chat pane's turns.
+lifecycle (loading, switching) and by the app around the chat pane's turns.
 
 While a turn streams the garbage collector only looks at objects made since it started (see
 `Activity.set`): the UI thread's time is the engine's on a small machine.
@@ -20,7 +20,6 @@ class Busy(Enum):
 
     IDLE = ""
     LOADING = "loading"
-    MEASURING = "measuring the baseline…"
     SWITCHING = "switching"
     GENERATING = "generating"
     RACING = "racing target-only…"

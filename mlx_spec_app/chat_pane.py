@@ -2,10 +2,12 @@
 
 `ChatPane` holds the conversation (and its id in the history), the answer in progress with its
 stop handle, and the last finished turn (what a race re-runs). What it needs from outside comes
-down: the engine and its baseline (`attach`), each turn's settings (`send`, `regenerate`,
-`race`), highlighting (`set_highlight`). What the app needs to hear goes up as messages:
-`ChatPane.Finished` and `ChatPane.Failed`. The app decides when a turn may start (the engine is
-idle); the verbs say whether one started.
+down: the engine and its baseline (`attach`, again when the baseline arrives: answers shown
+before it get their speedup then), each turn's settings (`send`, `regenerate`, `race`),
+highlighting (`set_highlight`), and `take_engine`, which a turn's thread calls before its first
+engine call (the app's idle work stops and returns first). What the app needs to hear goes up
+as messages: `ChatPane.Finished` and `ChatPane.Failed`. The app decides when a turn may start
+(the engine is idle); the verbs say whether one started.
 
 A turn and a race are the same worker; tokens reach the answer through a TokenBuffer drained on a
 paced timer (stream.py), never a call_from_thread per token; the end or the failure comes back to
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from textual import work
@@ -73,11 +76,16 @@ class ChatPane(VerticalScroll):
             super().__init__()
             self.unsent = unsent
 
-    def __init__(self, history: History, **kwargs) -> None:
+    def __init__(self, history: History, *, take_engine: Callable[[], object] = lambda: None,
+                 **kwargs) -> None:
+        """take_engine: called in a turn's thread before it uses the engine; it returns once
+        nothing else is using it."""
         super().__init__(**kwargs)
         self.history = history
+        self._take_engine = take_engine
         self.engine: EngineService | None = None
-        self.baseline: Baseline | None = None
+        self.baseline: Baseline | None = None  # None: not measured yet ("estimating…")
+        self._estimating: list[Answer] = []  # finished before the baseline came
         self.highlight = True
         self.messages: Messages = []
         self.conversation: int | None = None
@@ -95,8 +103,21 @@ class ChatPane(VerticalScroll):
     # -- what comes down -----------------------------------------------------------------------
 
     def attach(self, engine: EngineService, baseline: Baseline | None) -> None:
-        """The engine the next turns run on, and the baseline their speedups are quoted on."""
+        """The engine the next turns run on, and the baseline their speedups are quoted on
+        (None: not measured yet). A baseline for the same engine also completes the stats lines
+        of the answers that ended before it came."""
+        if engine is not self.engine:
+            self._estimating.clear()
         self.engine, self.baseline = engine, baseline
+        if baseline is not None:
+            self._requote(baseline)
+
+    def _requote(self, baseline: Baseline) -> None:
+        """The answers shown with "speedup: estimating…": their stats lines with the speedup."""
+        for answer in self._estimating:
+            if answer.is_attached and answer.stats is not None:
+                answer.show_line(stats_line(answer.stats, baseline))
+        self._estimating.clear()
 
     def set_highlight(self, on: bool) -> None:
         """Token colours on or off, for every answer shown and those to come."""
@@ -151,6 +172,7 @@ class ChatPane(VerticalScroll):
 
     def clear(self) -> None:
         self.messages, self.conversation, self.last_turn = [], None, None
+        self._estimating.clear()
         self.remove_children()
 
     def note(self, text: str) -> None:
@@ -180,7 +202,8 @@ class ChatPane(VerticalScroll):
         if m["partial"] == STREAMING:  # the app ended while this answer streamed
             answer.finish(None, f"{INTERRUPTED} · saved as far as it got")
         else:
-            answer.finish(stats, (stats_line(stats, None) + " · saved") if stats else "saved")
+            answer.finish(stats, (stats_line(stats, None, speedup=False) + " · saved")
+                          if stats else "saved")
         answer.partial = m["partial"] != COMPLETE
         return answer
 
@@ -217,6 +240,7 @@ class ChatPane(VerticalScroll):
              stop: threading.Event, *, race: bool, max_tokens: int) -> None:
         """The worker for turns and races: tokens into the buffer (a race shows none), the end
         or the failure as a TurnFinished."""
+        self._take_engine()
         try:
             for ev in engine.chat(messages, max_tokens=max_tokens, sampling=settings.sampling,
                                   stop=stop, target_only=race):
@@ -261,6 +285,8 @@ class ChatPane(VerticalScroll):
         s = end.stats
         if answer is not None:
             answer.finish(s, stats_line(s, self.baseline))
+            if self.baseline is None:
+                self._estimating.append(answer)
             self.messages.append({"role": "assistant", "content": answer.text})
             if self._saving is not None:
                 self.history.update_message(self._saving, answer.text, kinds=answer.runs,

@@ -1,7 +1,8 @@
 """The engine's lifecycle in the app: `EngineHost` loads it (the remembered model, a picked or
-pulled one, the demo; again after a crash), measures its baseline, switches its drafter and closes
-it. Each engine call runs in a thread worker on the app, one at a time; results come back to the
-app as messages (EngineReady, LoadFailed, EngineSwitched), which it hands back to the host.
+pulled one, the demo; again after a crash), switches its drafter, measures what is not saved for
+it yet while it is idle (idle.py) and closes it. Each engine call runs in a thread worker on the
+app, one at a time; results come back to the app as messages (EngineReady, LoadFailed,
+EngineSwitched, IdleDone), which it hands back to the host.
 
 The engine runs in a child process (mlx_spec.EngineProcess: its own GIL, so the UI's Python never
 stalls it); MLX_SPEC_ENGINE=thread keeps it in this process instead (debugging).
@@ -30,16 +31,18 @@ from mlx_spec import (
 
 from .busy import Activity, Busy
 from .history import History
+from .idle import IdleDone, IdleWork
 from .settings import EngineChoice
 
 LAST_MODEL = "last_model"  # the history preference that remembers the model to reopen
+CLOSE_WAIT_S = 5.0  # at exit, how long idle work may take to stop (about one round)
 
 
 class EngineReady(Message):
-    """An engine is loaded and its baseline measured. spec: what was loaded (None: the engine
-    was handed to the app)."""
+    """An engine is loaded. baseline: the one saved for it (None: not measured yet, idle work
+    will). spec: what was loaded (None: the engine was handed to the app)."""
 
-    def __init__(self, engine: EngineService, baseline: Baseline,
+    def __init__(self, engine: EngineService, baseline: Baseline | None,
                  spec: LoadSpec | None = None) -> None:
         super().__init__()
         self.engine, self.baseline, self.spec = engine, baseline, spec
@@ -104,7 +107,8 @@ def recalled(saved: Any, user: LoadSpec) -> LoadSpec | None:
 
 class EngineHost:
     """The app's engine: which one runs, its baseline, what loaded it, a drafter change waiting
-    for the engine to be idle. `node` (the app) runs the workers and receives their messages."""
+    for the engine to be idle, the idle work measuring what is not saved for it. `node` (the
+    app) runs the workers and receives their messages."""
 
     def __init__(self, node: DOMNode, history: History, activity: Activity, requested: LoadSpec,
                  *, engine: EngineService | None = None,
@@ -115,7 +119,11 @@ class EngineHost:
         self.requested = requested
         self.given = engine
         self.engine: EngineService | None = None
-        self.baseline = baseline
+        self.baseline = baseline  # None: not measured yet (speedups read "estimating…")
+        self.calibrated = False  # the running engine's costs are measured
+        self.idle = IdleWork(node)
+        self._idle_failed = False  # idle work failed on this engine: not tried again
+        self._closed = False
         self.loaded: LoadSpec | None = None  # what the running engine was loaded from
         self.pending: EngineChoice | None = None  # applied once the engine is idle
 
@@ -146,7 +154,9 @@ class EngineHost:
         self.load(demo_spec(self.requested))
 
     def _load(self, spec: LoadSpec, remembered_model: bool) -> None:
-        """Worker: start the engine, measure its baseline, post EngineReady (or LoadFailed)."""
+        """Worker: start the engine and post EngineReady with its saved baseline, if any (or
+        LoadFailed). Nothing is measured first: the user can type once the model is loaded."""
+        self.idle.yield_engine()  # the engine being replaced stops its idle work
         try:
             try:
                 engine = start_engine(spec)
@@ -155,23 +165,9 @@ class EngineHost:
                     raise
                 spec = demo_spec(spec)  # the model remembered from last time is gone
                 engine = start_engine(spec)
-            try:
-                baseline = engine.measure_baseline()
-            except BaseException:
-                engine.close()
-                raise
-            self._node.post_message(EngineReady(engine, baseline, spec))
+            self._node.post_message(EngineReady(engine, engine.info.baseline, spec))
         except Exception as e:  # noqa: BLE001 - the user gets one line, never a traceback
             self._node.post_message(LoadFailed(user_message(e, "cannot load"), spec))
-
-    def measure(self, engine: EngineService) -> None:
-        """Measure the baseline of an engine handed in without one."""
-        self._activity.set(Busy.MEASURING)
-        self._node.run_worker(partial(self._measure, engine), thread=True, exclusive=True,
-                              group="load")
-
-    def _measure(self, engine: EngineService) -> None:
-        self._node.post_message(EngineReady(engine, engine.measure_baseline()))
 
     def adopt(self, ready: EngineReady) -> bool:
         """Take the engine that just loaded; True when it replaced another (now closed)."""
@@ -180,6 +176,7 @@ class EngineHost:
             self._close(self.engine)
             self.pending = None  # chosen for the old engine
         self.engine, self.baseline = ready.engine, ready.baseline
+        self.calibrated, self._idle_failed = ready.engine.info.calibrated, False
         if ready.spec is not None:  # remember what loaded (None: the demo pair)
             self.loaded = ready.spec
             self._history.set(LAST_MODEL, remembered(ready.spec) if ready.spec.model else None)
@@ -201,8 +198,31 @@ class EngineHost:
             engine.close()
 
     def close(self) -> None:
-        """The app ends: close the engine it started."""
+        """The app ends: stop idle work (waiting a little for it), close the engine it started."""
+        self._closed = True
+        self.idle.yield_engine(CLOSE_WAIT_S)
         self._close(self.engine)
+
+    # -- idle work -------------------------------------------------------------------------------
+
+    def work_while_idle(self) -> None:
+        """The engine is idle: measure what is not saved for it yet (its costs, then its
+        baseline) until a user's call stops it. Nothing when busy, closed or already failed."""
+        if self.engine is None or self._activity.state or self._closed or self._idle_failed:
+            return
+        self.idle.start(self.engine, calibrate=not self.calibrated,
+                        baseline=self.baseline is None)
+
+    def took(self, done: IdleDone) -> bool:
+        """Keep what idle work measured on the running engine; True when a baseline came."""
+        if done.engine is not self.engine:
+            return False  # an engine closed since
+        self.calibrated = self.calibrated or done.calibrated
+        self._idle_failed = bool(done.error)
+        if done.baseline is None:
+            return False
+        self.baseline = done.baseline
+        return True
 
     # -- drafter and draft length ------------------------------------------------------------
 
@@ -220,6 +240,7 @@ class EngineHost:
             self.switch(choice)
 
     def _configure(self, engine: EngineService, choice: EngineChoice) -> None:
+        self.idle.yield_engine()
         try:
             engine.configure(drafter=choice.drafter, draft_length=choice.draft_length)
             self._node.post_message(EngineSwitched())

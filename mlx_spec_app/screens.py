@@ -37,7 +37,8 @@ def help_content() -> Content:
                               f" {text}") for k, text in COLOURS]
     rows += [Content(""), Content(
         "Under each answer: tokens, tok/s, time to first token, acceptance, tokens per target "
-        "pass, speedup against a target-only baseline timed at load, draft / verify time.")]
+        "pass, speedup against a target-only baseline (timed while the engine is idle and "
+        "saved; \"estimating…\" until then), draft / verify time.")]
     return Content("\n").join(rows)
 
 

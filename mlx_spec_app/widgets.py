@@ -44,8 +44,13 @@ STOPPED = "[stopped]"
 INTERRUPTED = "[interrupted]"  # the app ended (killed, crashed) while the answer streamed
 
 
-def stats_line(s: TurnStats, baseline: Baseline | None) -> str:
-    """One line under an answer. Speedup is against the target-only baseline measured at load."""
+ESTIMATING = "speedup: estimating…"  # the baseline is not measured yet: no number shown
+
+
+def stats_line(s: TurnStats, baseline: Baseline | None, *, speedup: bool = True) -> str:
+    """One line under an answer. Speedup is against the target-only baseline (None: not
+    measured yet, "estimating…"); speedup=False leaves it out (a saved answer: the baseline it
+    was timed against is gone)."""
     if not s.generated_tokens:  # nothing was timed: no rates to show (never a 0 as if measured)
         return " · ".join([STOPPED] * (s.finish_reason == "cancelled") + ["no tokens"])
     parts = [f"{s.generated_tokens} tokens", f"{s.tok_s:.1f} tok/s",
@@ -53,8 +58,8 @@ def stats_line(s: TurnStats, baseline: Baseline | None) -> str:
     if s.drafted:
         parts.append(f"acceptance {s.acceptance_rate:.0%}")
     parts.append(f"{s.tokens_per_pass:.2f} tok/pass")
-    if baseline is not None and baseline.tok_s > 0:
-        parts.append(f"speedup ×{baseline.speedup(s.tok_s):.2f}")
+    if speedup:
+        parts.append(speedup_text(s.tok_s, baseline))
     if s.generated_tokens > 1:
         parts.append(f"ITL p50/p90 {s.itl_p50_s * 1e3:.0f}/{s.itl_p90_s * 1e3:.0f} ms")
     parts.append(f"draft {s.draft_s * 1e3:.0f} ms / verify {s.verify_s * 1e3:.0f} ms")
@@ -63,6 +68,13 @@ def stats_line(s: TurnStats, baseline: Baseline | None) -> str:
     if s.finish_reason == "cancelled":
         parts.insert(0, STOPPED)
     return " · ".join(parts)
+
+
+def speedup_text(tok_s: float, baseline: Baseline | None) -> str:
+    """`speedup ×1.23`, or "estimating…" while no baseline is measured."""
+    if baseline is None or baseline.tok_s <= 0:
+        return ESTIMATING
+    return f"speedup ×{baseline.speedup(tok_s):.2f}"
 
 
 def sparkline(percents: list[float], width: int) -> Content:
@@ -315,15 +327,19 @@ class StatsPanel(VerticalScroll):
         yield Static("–", id="memory")
 
     def show_engine(self, text: str, baseline: Baseline | None) -> None:
+        """The engine's line, and the baseline speedups are quoted on (or that it is being
+        estimated: measured while the engine is idle)."""
         self.query_one("#engine", Static).update(Content(text))
-        if baseline is not None and baseline.tok_s > 0:
-            self.query_one("#method", Static).update(Content(
-                f"speedup = tok/s ÷ baseline {baseline.tok_s:.1f} tok/s: {baseline.method}"))
+        if baseline is None or baseline.tok_s <= 0:
+            method = f"{ESTIMATING} (the target alone is timed while the engine is idle)"
+        else:
+            method = f"speedup = tok/s ÷ baseline {baseline.tok_s:.1f} tok/s: {baseline.method}"
+        self.query_one("#method", Static).update(Content(method))
 
     def show_totals(self, t: Totals, baseline: Baseline | None) -> None:
         lines = [f"{t.turns} turns · {t.tokens} tokens", f"{t.tok_s:.1f} tok/s average"]
-        if baseline is not None and baseline.tok_s > 0:
-            lines.append(f"speedup ×{baseline.speedup(t.tok_s):.2f} vs baseline")
+        speedup = speedup_text(t.tok_s, baseline)
+        lines.append(speedup if speedup == ESTIMATING else f"{speedup} vs baseline")
         lines.append(f"{t.tokens_per_pass:.2f} tokens / target pass")
         lines.append(f"acceptance {t.acceptance_rate:.0%} of {t.drafted} drafted"
                      if t.drafted else "nothing drafted yet")

@@ -1,8 +1,9 @@
 """A recorded event stream standing in for the engine.
 
 Snapshot tests use it: a real engine's timings (tok/s, TTFT, draft/verify times) differ from run
-to run, so its screens can never match a stored SVG. Everything else is tested on the real engine
-(test_pilot.py)."""
+to run, so its screens can never match a stored SVG. Wiring and idle-work tests use it to count
+and order the app's engine calls; what the engine itself does is tested on the real one
+(test_pilot.py, test_idle.py)."""
 
 from __future__ import annotations
 
@@ -39,23 +40,61 @@ STATS = TurnStats(  # fixed numbers: see the module docstring
 )
 
 
+MEASURED = Baseline(50.0, 64, "measured by the fake")  # what its idle measurement gives
+
+
 class FakeEngine:
-    """An EngineService replaying ANSWER; configure() changes what `info` says, nothing else."""
+    """An EngineService replaying ANSWER; configure() changes what `info` says, nothing else.
 
-    def __init__(self) -> None:
-        self.info = EngineInfo("demo-target-q8", "mtp", 3, ("none", "mtp", "ngram"))
+    Its idle work (calibrate, measure_baseline) is done at once; while `release` is clear it
+    runs until its stop event is set, then says it was stopped. `calls` lists every call in
+    order, `stops` the stop events idle work was given, `overlaps` the calls that began while
+    idle work ran (the app must never make one)."""
 
-    def measure_baseline(self, **_) -> Baseline:
-        return Baseline(100.0, 32, "fixed for snapshots")
+    def __init__(self, *, baseline: Baseline | None = None, calibrated: bool = False) -> None:
+        self.info = EngineInfo("demo-target-q8", "mtp", 3, ("none", "mtp", "ngram"),
+                               baseline, calibrated)
+        self.calls: list[str] = []
+        self.stops: list[threading.Event | None] = []
+        self.overlaps = 0
+        self.release = threading.Event()
+        self.release.set()
+        self._idle = False
+
+    def _call(self, name: str) -> None:
+        self.overlaps += self._idle
+        self.calls.append(name)
+
+    def _idle_work(self, name: str, stop: threading.Event | None) -> bool:
+        """True when done, False when `stop` ended it first (checked as a round would)."""
+        self._call(name)
+        self.stops.append(stop)
+        self._idle = True
+        try:
+            while not (stop is not None and stop.is_set()):
+                if self.release.wait(0.005):
+                    return True
+            return False
+        finally:
+            self._idle = False
+
+    def calibrate(self, *, stop: threading.Event | None = None) -> bool:
+        return self._idle_work("calibrate", stop)
+
+    def measure_baseline(self, *, tokens: int = 64, repeats: int = 3,
+                         stop: threading.Event | None = None) -> Baseline | None:
+        return MEASURED if self._idle_work("measure_baseline", stop) else None
 
     def chat(self, messages, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
              stop: threading.Event | None = None, target_only: bool = False):
+        self._call("chat")
         for i, (text, kind) in enumerate(ANSWER[:max_tokens]):
             yield TokenEvent(i, text, kind)
         yield TurnEnd(STATS, "stop", tuple(range(len(ANSWER))))
 
     def configure(self, *, draft_length: DraftLength | None = None,
                   drafter: str | None = None) -> EngineInfo:
+        self._call("configure")
         self.info = replace(self.info, drafter=drafter or self.info.drafter,
                             draft_length=draft_length or self.info.draft_length)
         return self.info

@@ -11,7 +11,7 @@ from mlx_spec_app.chat_pane import race_line
 from mlx_spec_app.history import History, data_dir
 from mlx_spec_app.settings import Settings
 from mlx_spec_app.stream import TokenBuffer, clean
-from mlx_spec_app.widgets import STOPPED, Answer, stats_line
+from mlx_spec_app.widgets import ESTIMATING, STOPPED, Answer, stats_line
 
 from .fakes import STATS
 
@@ -77,8 +77,9 @@ def test_stats_line_and_stopped_marker():
                  "speedup ×1.90", "draft 20 ms / verify 80 ms", "mtp k=3"):
         assert part in line
     stopped = TurnStats(generated_tokens=2, finish_reason="cancelled")
-    assert stats_line(stopped, None).startswith(STOPPED) and "speedup" not in stats_line(
-        stopped, None)
+    assert stats_line(stopped, None).startswith(STOPPED)
+    assert ESTIMATING in stats_line(stopped, None) and "×" not in stats_line(stopped, None)
+    assert "speedup" not in stats_line(stopped, None, speedup=False)  # a saved answer's
 
 
 def test_race_line_reports_both_speeds_and_identity():

@@ -1,0 +1,150 @@
+"""Idle work (issue 36): the app is ready once the model is loaded; speedups read "estimating…"
+until the baseline, measured while the engine is idle, arrives; a user's call stops that work
+first and never overlaps it; a saved baseline is shown at once and nothing is measured."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from mlx_spec import Baseline, EngineInThread, LoadSpec
+from mlx_spec_app import engine_host
+from mlx_spec_app.app import SpecChatApp
+from mlx_spec_app.history import History
+from mlx_spec_app.settings import EngineChoice, Settings
+from mlx_spec_app.widgets import ESTIMATING, Answer, PromptInput, StatsPanel
+
+from .fakes import ANSWER, MEASURED, FakeEngine
+
+SIZE = (120, 40)
+SAVED = Baseline(80.0, 64, "saved by an earlier run")
+
+
+async def until(pilot, ok: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Let the app run until ok() holds (the UI has caught up after)."""
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, "timed out"
+        await pilot.pause(0.01)
+    await pilot.pause()
+
+
+async def send(pilot, text: str) -> Answer:
+    """Type `text`, press enter, wait for the answer to finish."""
+    pilot.app.query_one(PromptInput).text = text
+    await pilot.press("enter")
+    await until(pilot, lambda: not pilot.app.busy and pilot.app.chat.answer is None)
+    return pilot.app.query(Answer).last()
+
+
+def panel(app: SpecChatApp, part: str) -> str:
+    return str(app.query_one(StatsPanel).query_one(part).render())
+
+
+def stats(answer: Answer) -> str:
+    return str(answer.query_one(".stats").render())
+
+
+async def test_ready_is_posted_before_any_baseline_measurement(home, monkeypatch):
+    fake = FakeEngine()
+    fake.release.clear()  # idle work would run until stopped
+    monkeypatch.setattr(engine_host, "start_engine", lambda spec: fake)
+    calls_at_ready: list[list[str]] = []
+    ready = SpecChatApp.on_engine_ready
+
+    def spy(app: SpecChatApp, msg: engine_host.EngineReady) -> None:
+        calls_at_ready.append(list(fake.calls))
+        ready(app, msg)
+
+    monkeypatch.setattr(SpecChatApp, "on_engine_ready", spy)
+    history = History()
+    history.set("welcomed", True)  # no welcome screen: the app loads at once
+    app = SpecChatApp(LoadSpec(), history=history)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "calibrate" in fake.calls)  # idle work, after ready
+        assert calls_at_ready == [[]]  # nothing measured before ready
+        assert str(app.query_one("#status").render()).strip().startswith("ready")
+        assert ESTIMATING in panel(app, "#method")
+
+
+async def test_estimating_until_the_baseline_arrives_then_the_speedup(home):
+    fake = FakeEngine(calibrated=True)
+    fake.release.clear()
+    app = SpecChatApp(engine=fake, history=History())
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: fake.calls == ["measure_baseline"])
+        assert ESTIMATING in panel(app, "#method")
+        first = await send(pilot, "def add(a, b):")  # stops the measurement; the turn runs
+        assert ESTIMATING in stats(first) and "×" not in stats(first)
+        assert ESTIMATING in panel(app, "#totals") and "×" not in panel(app, "#totals")
+        fake.release.set()  # the measurement that resumed after the turn now completes
+        await until(pilot, lambda: f"baseline {MEASURED.tok_s:.1f}" in panel(app, "#method"))
+        assert "speedup ×" in panel(app, "#totals")
+        assert "speedup ×" in stats(first) and ESTIMATING not in stats(first)  # re-quoted
+        second = await send(pilot, "def sub(a, b):")
+        assert "speedup ×" in stats(second)
+    assert fake.calls == ["measure_baseline", "chat", "measure_baseline", "chat"]
+    assert fake.overlaps == 0
+
+
+async def test_a_turn_and_a_drafter_switch_stop_idle_work_and_proceed(home):
+    fake = FakeEngine()
+    fake.release.clear()
+    app = SpecChatApp(engine=fake, history=History())
+    app.settings = Settings()
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: fake.calls == ["calibrate"])
+        assert not fake.stops[0].is_set()
+        answer = await send(pilot, "def add(a, b):")
+        assert fake.stops[0].is_set()
+        assert answer.text == "".join(text for text, _ in ANSWER)
+        await until(pilot, lambda: len(fake.calls) == 3)  # idle again: it resumes
+        app.apply_settings((app.settings, EngineChoice("ngram", 2)))
+        await until(pilot, lambda: app.engine.info.drafter == "ngram" and not app.busy)
+        assert fake.stops[1].is_set()
+        await until(pilot, lambda: len(fake.calls) == 5)
+        quit_at = time.monotonic()
+    assert time.monotonic() - quit_at < 2  # quitting stops idle work, promptly
+    assert fake.calls == ["calibrate", "chat", "calibrate", "configure", "calibrate"]
+    assert fake.stops[2].is_set() and fake.overlaps == 0
+
+
+async def test_a_saved_baseline_is_shown_at_once_and_nothing_is_measured(home):
+    fake = FakeEngine(baseline=SAVED, calibrated=True)
+    app = SpecChatApp(engine=fake, history=History())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert f"baseline {SAVED.tok_s:.1f} tok/s: {SAVED.method}" in panel(app, "#method")
+        answer = await send(pilot, "def add(a, b):")
+        assert "speedup ×" in stats(answer)
+        await pilot.pause(0.1)
+    assert fake.calls == ["chat"]
+
+
+class Counted(EngineInThread):
+    """The real engine in this process, counting its baseline measurements."""
+
+    measured = 0
+
+    def measure_baseline(self, **kwargs) -> Baseline | None:
+        self.measured += 1
+        return super().measure_baseline(**kwargs)
+
+
+async def test_a_real_engine_measures_while_idle_and_the_next_run_reads_it(home):
+    first = Counted.load(LoadSpec(num_draft=3))  # a fresh MLX_SPEC_HOME: nothing saved
+    assert first.info.baseline is None and not first.info.calibrated
+    app = SpecChatApp(engine=first, history=History())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert ESTIMATING in panel(app, "#method")
+        await until(pilot, lambda: app.host.baseline is not None, timeout=120)
+        assert "÷ baseline" in panel(app, "#method") and first.measured == 1
+    second = Counted.load(LoadSpec(num_draft=3))  # a later run on the same model and device
+    assert second.info.baseline is not None and second.info.calibrated
+    app = SpecChatApp(engine=second, history=History())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert f"baseline {second.info.baseline.tok_s:.1f}" in panel(app, "#method")
+        await pilot.pause(0.2)
+    assert second.measured == 0
