@@ -212,3 +212,51 @@ def test_an_auto_server_calibrates_while_idle(pair, tmp_path):
         assert c.chat.completions.create(model="x", messages=CHAT, max_tokens=8).choices
     finally:
         server.close()
+
+
+@pytest.fixture
+def claude(server):
+    import anthropic
+
+    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
+
+
+def test_anthropic_messages_whole_and_streamed(claude, pair):
+    """The official `anthropic` client: a message, and its documented stream of events, both
+    the engine's own answer; a system prompt and stop_sequences."""
+    want, end = alone(pair, CHAT, 24)
+    m = claude.messages.create(model="x", max_tokens=24, messages=CHAT)
+    assert m.content[0].text == want and m.stop_reason == "max_tokens"
+    assert m.usage.output_tokens == end.stats.generated_tokens
+    assert m.model_extra["speculative_decoding"]["num_draft_tokens"] == end.stats.drafted
+    names, text = [], []
+    with claude.messages.stream(model="x", max_tokens=24, messages=CHAT) as stream:
+        for ev in stream:
+            names.append(ev.type)
+            if ev.type == "content_block_delta":
+                text.append(ev.delta.text)
+        final = stream.get_final_message()
+    assert "".join(text) == want == final.content[0].text
+    assert names[0] == "message_start" and names[-1] == "message_stop"
+    assert {"content_block_start", "content_block_stop", "message_delta"} <= set(names)
+    cut = want[3:6]
+    stopped = claude.messages.create(model="x", max_tokens=24, messages=CHAT,
+                                     stop_sequences=[cut])
+    assert stopped.content[0].text == want[: want.index(cut)]
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == cut
+    system = [{"role": "system", "content": "Be brief."}, *CHAT]
+    told = claude.messages.create(model="x", max_tokens=12, messages=CHAT, system="Be brief.")
+    assert told.content[0].text == alone(pair, system, 12)[0]
+
+
+def test_anthropic_errors_are_anthropic_shaped(claude):
+    import anthropic
+
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model="x", max_tokens=8, messages=[{"role": "robot",
+                                                                    "content": "x"}])
+    assert e.value.body["type"] == "error"
+    assert e.value.body["error"]["type"] == "invalid_request_error"
+    bad = anthropic.Anthropic(base_url=claude.base_url, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        bad.messages.create(model="x", max_tokens=8, messages=CHAT)

@@ -11,16 +11,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ..engine import Engine
-from ..events import TokenEvent, TurnEnd
 from ..kinds import kind_of
 from ..templates import encode_chat
+from . import anthropic
 from . import responses as out
 from .requests import BadRequest, GenerateRequest, parse_chat, parse_completion
-from .scheduler import Job, QueueFull, Scheduler
+from .scheduler import QueueFull, Scheduler
 
 MAX_BODY = 16 * 2**20  # bytes
 RETRY_AFTER_S = 1
 GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+ROUTES = {"/v1/chat/completions": "chat", "/chat/completions": "chat",
+          "/v1/completions": "completion", "/completions": "completion",
+          "/v1/messages": "messages"}
+PARSE = {"chat": parse_chat, "completion": parse_completion,
+         "messages": anthropic.parse_messages}
 
 
 class Server:
@@ -76,108 +81,103 @@ class _Handler(BaseHTTPRequestHandler):
             s = self.server_state
             return self._json(HTTPStatus.OK, {"object": "list", "data": [
                 {"id": s.model, "object": "model", "owned_by": "mlx-spec", "drafter": s.drafter}]})
-        self._json(HTTPStatus.NOT_FOUND, out.error(f"no route GET {path}", code="not_found"))
+        self._error(HTTPStatus.NOT_FOUND, f"no route GET {path}", "not_found_error")
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0].rstrip("/")
-        parse = {"/v1/chat/completions": parse_chat, "/chat/completions": parse_chat,
-                 "/v1/completions": parse_completion, "/completions": parse_completion}.get(path)
+        route = ROUTES.get(path)
+        self.dialect = "anthropic" if route == "messages" else "openai"
         if not self._authorized():
             return
-        if parse is None:
-            return self._json(HTTPStatus.NOT_FOUND,
-                              out.error(f"no route POST {path}", code="not_found"))
+        if route is None:
+            return self._error(HTTPStatus.NOT_FOUND, f"no route POST {path}", "not_found_error")
         try:
-            request = parse(self._body(), default_model=self.server_state.model)
+            request = PARSE[route](self._body(), default_model=self.server_state.model)
             prompt = self._prompt(request)
             job = self.server_state.scheduler.submit(prompt, max_tokens=request.max_tokens,
                                                      sampling=request.sampling)
         except BadRequest as e:
             self.close_connection = True  # the body may be unread: start clean
-            return self._json(HTTPStatus.BAD_REQUEST, out.error(str(e), param=e.param))
+            return self._error(HTTPStatus.BAD_REQUEST, str(e), param=e.param)
         except QueueFull as e:
-            return self._json(HTTPStatus.TOO_MANY_REQUESTS,
-                              out.error(f"busy: {e}", kind="rate_limit_error"),
-                              {"Retry-After": str(RETRY_AFTER_S)})
-        (self._stream if request.stream else self._answer)(request, job)
-
-    # -- answers -----------------------------------------------------------------------------
-
-    def _answer(self, request: GenerateRequest, job: Job) -> None:
-        stop, text, kinds, end = out.StopText(request.stop), [], [], None
+            return self._error(HTTPStatus.TOO_MANY_REQUESTS, f"busy: {e}", "rate_limit_error",
+                               {"Retry-After": str(RETRY_AFTER_S)})
+        gen = out.Generation(job, request.stop)
         try:
-            for ev in job.stream():
-                if isinstance(ev, TokenEvent) and not stop.hit:
-                    text.append(stop.add(ev.text))
-                    kinds.append(ev.kind.value)
-                    if stop.hit:
-                        job.cancel()
-                elif isinstance(ev, TurnEnd):
-                    end = ev
-        except Exception as e:  # noqa: BLE001 - an engine error is this request's alone
-            return self._json(HTTPStatus.INTERNAL_SERVER_ERROR, out.error(
-                f"generation failed: {e}", kind="server_error"))
-        assert end is not None  # a turn always ends with its TurnEnd
-        if not stop.hit:
-            text.append(stop.flush())
-        s = self.server_state
-        finish = "stop" if stop.hit else out.FINISH.get(end.finish_reason, "stop")
-        body = out.completion(request.kind, out.new_id("chatcmpl" if request.kind == "chat"
-                                                       else "cmpl"), s.model, "".join(text),
-                              finish, end.stats, s.drafter, kinds if request.kinds else None)
-        self._json(HTTPStatus.OK, body)
-
-    def _stream(self, request: GenerateRequest, job: Job) -> None:
-        s, kind = self.server_state, request.kind
-        rid = out.new_id("chatcmpl" if kind == "chat" else "cmpl")
-        stop, pending_kinds = out.StopText(request.stop), []
-        try:
-            self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            if kind == "chat":
-                self._event(out.chunk(kind, rid, s.model, "", role=True))
-            end = None
-            for ev in job.stream():
-                if isinstance(ev, TurnEnd):
-                    end = ev
-                elif not stop.hit:
-                    pending_kinds.append(ev.kind.value)
-                    if text := stop.add(ev.text):
-                        self._event(out.chunk(kind, rid, s.model, text, token_kinds=(
-                            pending_kinds if request.kinds else None)))
-                        pending_kinds = []
-                    if stop.hit:
-                        job.cancel()
-            assert end is not None
-            tail = "" if stop.hit else stop.flush()
-            finish = "stop" if stop.hit else out.FINISH.get(end.finish_reason, "stop")
-            self._event(out.chunk(kind, rid, s.model, tail or None, finish=finish,
-                                  token_kinds=pending_kinds if request.kinds else None))
-            if request.include_usage:
-                self._event(out.usage_chunk(kind, rid, s.model, end.stats, s.drafter))
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
+            if request.stream:
+                self._stream(request, gen)
+            else:
+                self._answer(request, gen)
         except GONE:  # the client went away: its request ends after the round in progress
             job.cancel()
             for _ in job.stream():
                 pass
-        except Exception as e:  # noqa: BLE001 - headers are sent: report in the stream
-            job.cancel()
-            try:
-                self._event(out.error(f"generation failed: {e}", kind="server_error"))
-            except GONE:
-                pass
+            self.close_connection = True
+
+    # -- answers -----------------------------------------------------------------------------
+
+    def _answer(self, request: GenerateRequest, gen: out.Generation) -> None:
+        s = self.server_state
+        try:
+            if request.kind == "messages":
+                return self._json(HTTPStatus.OK, anthropic.message(gen, s.model, s.drafter,
+                                                                   request.kinds))
+            text, kinds = [], []
+            for piece, piece_kinds in gen:
+                text.append(piece)
+                kinds += piece_kinds
+        except Exception as e:  # noqa: BLE001 - an engine error is this request's alone
+            return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"generation failed: {e}",
+                               "server_error")
+        rid = out.new_id("chatcmpl" if request.kind == "chat" else "cmpl")
+        self._json(HTTPStatus.OK, out.completion(
+            request.kind, rid, s.model, "".join(text), gen.finish, gen.end.stats, s.drafter,
+            kinds if request.kinds else None))
+
+    def _stream(self, request: GenerateRequest, gen: out.Generation) -> None:
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
         self.close_connection = True
+        s = self.server_state
+        try:
+            if request.kind == "messages":
+                for name, data in anthropic.events(gen, s.model, s.drafter, request.kinds):
+                    self._event(data, name)
+                return
+            for data in self._openai_chunks(request, gen):
+                self._event(data)
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except GONE:
+            raise
+        except Exception as e:  # noqa: BLE001 - headers are sent: report in the stream
+            gen.job.cancel()
+            body = (anthropic.error(f"generation failed: {e}", "api_error")
+                    if request.kind == "messages" else
+                    out.error(f"generation failed: {e}", kind="server_error"))
+            self._event(body, "error" if request.kind == "messages" else None)
+
+    def _openai_chunks(self, request: GenerateRequest, gen: out.Generation):
+        s, kind = self.server_state, request.kind
+        rid = out.new_id("chatcmpl" if kind == "chat" else "cmpl")
+        if kind == "chat":
+            yield out.chunk(kind, rid, s.model, "", role=True)
+        for piece, kinds in gen:
+            yield out.chunk(kind, rid, s.model, piece,
+                            token_kinds=kinds if request.kinds else None)
+        yield out.chunk(kind, rid, s.model, None, finish=gen.finish)
+        if request.include_usage:
+            yield out.usage_chunk(kind, rid, s.model, gen.end.stats, s.drafter)
 
     # -- plumbing ----------------------------------------------------------------------------
 
     def _prompt(self, request: GenerateRequest) -> list[int]:
         engine = self.server_state.engine
         tokenizer = engine.tokenizer
-        if request.kind == "chat":
+        if request.messages:
             ids = encode_chat(tokenizer, [dict(m) for m in request.messages])
         elif isinstance(request.prompt, tuple):
             ids = list(request.prompt)
@@ -191,7 +191,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise BadRequest("the prompt is empty", "prompt")
         if len(ids) >= context:
             raise BadRequest(f"the prompt has {len(ids)} tokens; the model's context is "
-                             f"{context}", "messages" if request.kind == "chat" else "prompt")
+                             f"{context}", "messages" if request.messages else "prompt")
         return ids
 
     def _authorized(self) -> bool:
@@ -201,9 +201,8 @@ class _Handler(BaseHTTPRequestHandler):
         bearer = self.headers.get("Authorization", "")
         if bearer == f"Bearer {key}" or self.headers.get("x-api-key") == key:
             return True
-        self._json(HTTPStatus.UNAUTHORIZED, out.error("a valid API key is required",
-                                                      kind="authentication_error",
-                                                      code="invalid_api_key"))
+        self._error(HTTPStatus.UNAUTHORIZED, "a valid API key is required",
+                    "authentication_error", code="invalid_api_key")
         return False
 
     def _body(self) -> Any:
@@ -233,6 +232,15 @@ class _Handler(BaseHTTPRequestHandler):
         except GONE:
             self.close_connection = True
 
-    def _event(self, body: dict[str, Any]) -> None:
-        self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+    def _error(self, status: HTTPStatus, message: str, kind: str = "invalid_request_error",
+               headers: dict[str, str] | None = None, *, param: str | None = None,
+               code: str | None = None) -> None:
+        """The dialect's error object: OpenAI's, or Anthropic's on /v1/messages."""
+        body = (anthropic.error(message, kind) if getattr(self, "dialect", "") == "anthropic"
+                else out.error(message, kind=kind, param=param, code=code))
+        self._json(status, body, headers)
+
+    def _event(self, body: dict[str, Any], name: str | None = None) -> None:
+        head = f"event: {name}\n".encode() if name else b""
+        self.wfile.write(head + b"data: " + json.dumps(body).encode() + b"\n\n")
         self.wfile.flush()

@@ -43,7 +43,7 @@ def parse_chat(body: Any, *, default_model: str) -> GenerateRequest:
         raise BadRequest("messages must be a non-empty list", "messages")
     return GenerateRequest(kind="chat", model=_model(body, default_model),
                            messages=tuple(_message(m, i) for i, m in enumerate(messages)),
-                           **_common(body))
+                           **common_fields(body))
 
 
 def parse_completion(body: Any, *, default_model: str) -> GenerateRequest:
@@ -56,7 +56,7 @@ def parse_completion(body: Any, *, default_model: str) -> GenerateRequest:
     if not (isinstance(prompt, str) and prompt) and not isinstance(prompt, tuple):
         raise BadRequest("prompt must be a non-empty string or a list of token ids", "prompt")
     return GenerateRequest(kind="completion", model=_model(body, default_model), prompt=prompt,
-                           **_common(body))
+                           **common_fields(body))
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -91,7 +91,9 @@ def _message(m: Any, i: int) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
-def _common(body: dict[str, Any]) -> dict[str, Any]:
+def common_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """What every dialect shares: n, the token budget, streaming, sampling, stop sequences and
+    the token-kinds extension."""
     n = body.get("n", 1)
     if n != 1:
         raise BadRequest("only n = 1 is supported", "n")

@@ -20,15 +20,17 @@ class StopText:
 
     def __init__(self, stops: tuple[str, ...]):
         self.stops, self.held, self.hit = stops, "", False
+        self.which: str | None = None
 
     def add(self, text: str) -> str:
         if not self.stops:
             return text
         self.held += text
-        for s in self.stops:
-            if (i := self.held.find(s)) >= 0:
-                out, self.held, self.hit = self.held[:i], "", True
-                return out
+        hits = [(i, s) for s in self.stops if (i := self.held.find(s)) >= 0]
+        if hits:  # the earliest wins
+            i, self.which = min(hits)
+            out, self.held, self.hit = self.held[:i], "", True
+            return out
         keep = max((n for s in self.stops for n in range(1, len(s))
                     if self.held.endswith(s[:n])), default=0)
         out, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep :]
@@ -37,6 +39,41 @@ class StopText:
     def flush(self) -> str:
         out, self.held = self.held, ""
         return out
+
+
+class Generation:
+    """A job's events as text the client may see: iterate for (text, kinds of the tokens behind
+    it) pieces; after it, `end` is the TurnEnd and `stopped_by` the stop sequence that cut the
+    text (the job is cancelled when one appears, so it ends within a round)."""
+
+    def __init__(self, job: Any, stops: tuple[str, ...]):
+        self.job, self.text = job, StopText(stops)
+        self.end: Any = None
+        self.stopped_by: str | None = None
+
+    def __iter__(self):
+        kinds: list[str] = []
+        for ev in self.job.stream():
+            if hasattr(ev, "stats"):
+                self.end = ev
+                continue
+            if self.text.hit:
+                continue
+            kinds.append(ev.kind.value)
+            if piece := self.text.add(ev.text):
+                yield piece, kinds
+                kinds = []
+            if self.text.hit:
+                self.stopped_by = self.text.which
+                self.job.cancel()
+        tail = "" if self.text.hit else self.text.flush()
+        if tail or kinds:
+            yield tail, kinds
+
+    @property
+    def finish(self) -> str:
+        """OpenAI's finish_reason."""
+        return "stop" if self.stopped_by else FINISH.get(self.end.finish_reason, "stop")
 
 
 def new_id(prefix: str) -> str:
