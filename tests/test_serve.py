@@ -260,3 +260,33 @@ def test_anthropic_errors_are_anthropic_shaped(claude):
     bad = anthropic.Anthropic(base_url=claude.base_url, api_key="wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):
         bad.messages.create(model="x", max_tokens=8, messages=CHAT)
+
+
+def test_metrics_count_what_each_request_reports(server, client):
+    """/metrics (Prometheus text, vLLM's names) moves by exactly one request's own stats."""
+    def scrape() -> dict[str, float]:
+        host, port = server.httpd.server_address[:2]
+        c = http.client.HTTPConnection(host, port, timeout=30)
+        c.request("GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        text = c.getresponse().read().decode()
+        c.close()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line and not line.startswith("#")}
+
+    before = scrape()
+    r = client.chat.completions.create(model="x", messages=CHAT, max_tokens=16)
+    after = scrape()
+    spec = r.model_extra["speculative_decoding"]
+
+    def moved(name: str) -> float:
+        return after[f"vllm:{name}"] - before.get(f"vllm:{name}", 0.0)
+
+    assert moved("generation_tokens_total") == r.usage.completion_tokens
+    assert moved("prompt_tokens_total") == r.usage.prompt_tokens
+    assert moved("spec_decode_num_draft_tokens_total") == spec["num_draft_tokens"]
+    assert moved("spec_decode_num_accepted_tokens_total") == spec["num_accepted_draft_tokens"]
+    assert moved("spec_decode_num_drafts_total") == spec["num_spec_steps"]
+    assert moved('spec_decode_num_accepted_tokens_per_pos_total{position="0"}') > 0
+    assert moved("time_to_first_token_seconds_count") == 1
+    assert moved("inter_token_latency_seconds_count") == r.usage.completion_tokens - 1
+    assert after["vllm:num_requests_running"] == 0

@@ -77,6 +77,10 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(HTTPStatus.OK, {"status": "ok"})
         if not self._authorized():
             return
+        if path == "/metrics":
+            sched = self.server_state.scheduler
+            return self._text(sched.metrics.render(running=sched.running,
+                                                   waiting=sched.waiting))
         if path in ("/v1/models", "/models"):
             s = self.server_state
             return self._json(HTTPStatus.OK, {"object": "list", "data": [
@@ -231,6 +235,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except GONE:
             self.close_connection = True
+
+    def _text(self, text: str) -> None:
+        data = text.encode()
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _error(self, status: HTTPStatus, message: str, kind: str = "invalid_request_error",
                headers: dict[str, str] | None = None, *, param: str | None = None,

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import Engine
-from ..events import Event, TurnEnd
+from ..events import Event, TokenEvent, TurnEnd
 from ..sampling import SamplingConfig
+from .metrics import Metrics
 
 _DONE = object()  # the end of a job's events
 
@@ -35,6 +37,8 @@ class Job:
     sampling: SamplingConfig
     stop: threading.Event = field(default_factory=threading.Event)
     events: queue.Queue = field(default_factory=queue.Queue)
+    arrived: float = field(default_factory=time.perf_counter)
+    last_token: float = 0.0  # when its latest token was handed over
 
     def stream(self) -> Iterator[Event]:
         """The job's events (TokenEvents, then its TurnEnd); an engine error is raised here."""
@@ -59,6 +63,7 @@ class Scheduler:
         self._lock = threading.Condition()
         self._closed = False
         self._arrived = threading.Event()  # a request came: idle work gives way
+        self.metrics = Metrics()
         self.running = 0
         self._thread = threading.Thread(target=self._run, name="mlx-spec-engine", daemon=True)
         self._thread.start()
@@ -131,8 +136,7 @@ class Scheduler:
         return conv.generate(job.prompt, max_tokens=job.max_tokens, sampling=job.sampling,
                              stop=job.stop)
 
-    @staticmethod
-    def _step(job: Job, turn: Iterator[Event]) -> bool:
+    def _step(self, job: Job, turn: Iterator[Event]) -> bool:
         """Hand the job its next event; False when the job is over."""
         try:
             event: Any = next(turn)
@@ -144,7 +148,15 @@ class Scheduler:
             job.events.put(_DONE)
             return False
         job.events.put(event)
+        if isinstance(event, TokenEvent):
+            now = time.perf_counter()
+            if job.last_token:
+                self.metrics.next_token(now - job.last_token)
+            else:
+                self.metrics.first_token(now - job.arrived)
+            job.last_token = now
         if isinstance(event, TurnEnd):
+            self.metrics.finished(event.stats)
             job.events.put(_DONE)
             return False
         return True
