@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
@@ -177,10 +177,17 @@ class EngineProcess:
 
     def measure_baseline(self, *, tokens: int = 64, repeats: int = 3,
                          stop: threading.Event | None = None) -> Baseline | None:
-        return self._call_stoppable(lambda turn: MeasureBaseline(tokens, repeats, turn), stop)
+        baseline = self._call_stoppable(lambda turn: MeasureBaseline(tokens, repeats, turn),
+                                        stop)
+        if baseline is not None:  # the child saved it: `info` says so from now on
+            self._info = replace(self._info, baseline=baseline)
+        return baseline
 
     def calibrate(self, *, stop: threading.Event | None = None) -> bool:
-        return self._call_stoppable(Calibrate, stop)
+        done = self._call_stoppable(Calibrate, stop)
+        if done:
+            self._info = replace(self._info, calibrated=True)
+        return done
 
     def _call_stoppable(self, request: Any, stop: threading.Event | None) -> Any:
         """A call the child ends early when `stop` is set (idle work giving way to a turn):

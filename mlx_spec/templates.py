@@ -6,7 +6,7 @@ from typing import Any
 
 from .errors import MlxSpecError
 
-Message = dict[str, str]  # {"role": "user" | "assistant" | "system", "content": str}
+Message = dict[str, Any]  # {"role": "user" | "assistant" | "system" | "tool", "content": str, …}
 
 
 def valid_text(text: str) -> tuple[str, bool]:
@@ -21,14 +21,18 @@ def valid_text(text: str) -> tuple[str, bool]:
     return clean, clean != text
 
 
-def encode_chat(tokenizer: Any, messages: list[Message]) -> list[int]:
-    """The whole conversation through the model's chat template, ready for the next answer."""
-    messages = [{**m, "content": valid_text(m["content"])[0]} for m in messages]
+def encode_chat(tokenizer: Any, messages: list[Message], *,
+                tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """The whole conversation through the model's chat template, ready for the next answer.
+    tools: function definitions (OpenAI's shape) the template lays out for the model."""
+    messages = [{**m, "content": valid_text(m.get("content") or "")[0]} for m in messages]
     if getattr(tokenizer, "chat_template", None) is None:
         # no template: plain transcript, so base models still work
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         return encode_raw(tokenizer, text)
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    extra = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         **extra)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -17,6 +17,7 @@ from . import anthropic
 from . import responses as out
 from .requests import BadRequest, GenerateRequest, parse_chat, parse_completion
 from .scheduler import QueueFull, Scheduler
+from .tools import ToolStream, ToolText
 
 MAX_BODY = 16 * 2**20  # bytes
 RETRY_AFTER_S = 1
@@ -97,6 +98,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(HTTPStatus.NOT_FOUND, f"no route POST {path}", "not_found_error")
         try:
             request = PARSE[route](self._body(), default_model=self.server_state.model)
+            tools = ToolText(self.server_state.engine.tokenizer, request.tools)
             prompt = self._prompt(request)
             job = self.server_state.scheduler.submit(prompt, max_tokens=request.max_tokens,
                                                      sampling=request.sampling)
@@ -109,9 +111,9 @@ class _Handler(BaseHTTPRequestHandler):
         gen = out.Generation(job, request.stop)
         try:
             if request.stream:
-                self._stream(request, gen)
+                self._stream(request, gen, tools)
             else:
-                self._answer(request, gen)
+                self._answer(request, gen, tools)
         except GONE:  # the client went away: its request ends after the round in progress
             job.cancel()
             for _ in job.stream():
@@ -120,12 +122,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- answers -----------------------------------------------------------------------------
 
-    def _answer(self, request: GenerateRequest, gen: out.Generation) -> None:
+    def _answer(self, request: GenerateRequest, gen: out.Generation, tools: ToolText) -> None:
         s = self.server_state
         try:
-            if request.kind == "messages":
-                return self._json(HTTPStatus.OK, anthropic.message(gen, s.model, s.drafter,
-                                                                   request.kinds))
             text, kinds = [], []
             for piece, piece_kinds in gen:
                 text.append(piece)
@@ -133,12 +132,17 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as e:  # noqa: BLE001 - an engine error is this request's alone
             return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"generation failed: {e}",
                                "server_error")
+        content, calls = tools.split("".join(text))
+        if request.kind == "messages":
+            return self._json(HTTPStatus.OK, anthropic.message(
+                gen, content, calls, s.model, s.drafter, kinds if request.kinds else None))
         rid = out.new_id("chatcmpl" if request.kind == "chat" else "cmpl")
         self._json(HTTPStatus.OK, out.completion(
-            request.kind, rid, s.model, "".join(text), gen.finish, gen.end.stats, s.drafter,
-            kinds if request.kinds else None))
+            request.kind, rid, s.model, content, "tool_calls" if calls else gen.finish,
+            gen.end.stats, s.drafter, kinds if request.kinds else None,
+            [c.openai() for c in calls]))
 
-    def _stream(self, request: GenerateRequest, gen: out.Generation) -> None:
+    def _stream(self, request: GenerateRequest, gen: out.Generation, tools: ToolText) -> None:
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -148,10 +152,11 @@ class _Handler(BaseHTTPRequestHandler):
         s = self.server_state
         try:
             if request.kind == "messages":
-                for name, data in anthropic.events(gen, s.model, s.drafter, request.kinds):
+                for name, data in anthropic.events(gen, ToolStream(tools), s.model, s.drafter,
+                                                   request.kinds):
                     self._event(data, name)
                 return
-            for data in self._openai_chunks(request, gen):
+            for data in self._openai_chunks(request, gen, ToolStream(tools)):
                 self._event(data)
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
@@ -164,15 +169,24 @@ class _Handler(BaseHTTPRequestHandler):
                     out.error(f"generation failed: {e}", kind="server_error"))
             self._event(body, "error" if request.kind == "messages" else None)
 
-    def _openai_chunks(self, request: GenerateRequest, gen: out.Generation):
+    def _openai_chunks(self, request: GenerateRequest, gen: out.Generation, tools: ToolStream):
         s, kind = self.server_state, request.kind
         rid = out.new_id("chatcmpl" if kind == "chat" else "cmpl")
         if kind == "chat":
             yield out.chunk(kind, rid, s.model, "", role=True)
         for piece, kinds in gen:
-            yield out.chunk(kind, rid, s.model, piece,
-                            token_kinds=kinds if request.kinds else None)
-        yield out.chunk(kind, rid, s.model, None, finish=gen.finish)
+            shown = tools.add(piece)
+            if shown or request.kinds:
+                yield out.chunk(kind, rid, s.model, shown,
+                                token_kinds=kinds if request.kinds else None)
+        tail, calls = tools.finish()
+        if tail:
+            yield out.chunk(kind, rid, s.model, tail)
+        if calls:
+            yield out.chunk(kind, rid, s.model, None, tool_calls=[
+                {"index": i, **c.openai()} for i, c in enumerate(calls)])
+        yield out.chunk(kind, rid, s.model, None,
+                        finish="tool_calls" if calls else gen.finish)
         if request.include_usage:
             yield out.usage_chunk(kind, rid, s.model, gen.end.stats, s.drafter)
 
@@ -182,7 +196,8 @@ class _Handler(BaseHTTPRequestHandler):
         engine = self.server_state.engine
         tokenizer = engine.tokenizer
         if request.messages:
-            ids = encode_chat(tokenizer, [dict(m) for m in request.messages])
+            ids = encode_chat(tokenizer, [dict(m) for m in request.messages],
+                              tools=list(request.tools) or None)
         elif isinstance(request.prompt, tuple):
             ids = list(request.prompt)
             if max(ids) >= engine.target.vocab_size:

@@ -26,7 +26,7 @@ class GenerateRequest:
 
     kind: str  # "chat" or "completion"
     model: str
-    messages: tuple[dict[str, str], ...] = ()
+    messages: tuple[dict[str, Any], ...] = ()
     prompt: str | tuple[int, ...] = ""
     max_tokens: int = 256
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -34,6 +34,7 @@ class GenerateRequest:
     stream: bool = False
     include_usage: bool = False
     kinds: bool = False  # extension: report what happened to every token
+    tools: tuple[dict[str, Any], ...] = ()  # function definitions, OpenAI's shape
 
 
 def parse_chat(body: Any, *, default_model: str) -> GenerateRequest:
@@ -41,9 +42,10 @@ def parse_chat(body: Any, *, default_model: str) -> GenerateRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", "messages")
+    tools = parse_tools(body.get("tools"), body.get("tool_choice"))
     return GenerateRequest(kind="chat", model=_model(body, default_model),
                            messages=tuple(_message(m, i) for i, m in enumerate(messages)),
-                           **common_fields(body))
+                           tools=tools, **common_fields(body))
 
 
 def parse_completion(body: Any, *, default_model: str) -> GenerateRequest:
@@ -72,11 +74,24 @@ def _model(body: dict[str, Any], default: str) -> str:
     return model or default
 
 
-def _message(m: Any, i: int) -> dict[str, str]:
+def parse_tools(tools: Any, choice: Any) -> tuple[dict[str, Any], ...]:
+    """OpenAI's `tools` (functions) for the chat template; tool_choice "none" drops them."""
+    if tools is None or choice == "none":
+        return ()
+    if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and t.get("type") == "function" and isinstance(
+                t.get("function"), dict) and isinstance(t["function"].get("name"), str)
+            for t in tools):
+        raise BadRequest("tools must be a list of {type: function, function: {name, ...}}",
+                         "tools")
+    return tuple(tools)
+
+
+def _message(m: Any, i: int) -> dict[str, Any]:
     where = f"messages[{i}]"
     if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user",
-                                                        "assistant"):
-        raise BadRequest(f"{where}.role must be system, user or assistant", where)
+                                                        "assistant", "tool"):
+        raise BadRequest(f"{where}.role must be system, user, assistant or tool", where)
     content = m.get("content")
     if isinstance(content, list):  # text parts; anything else cannot be read by a text model
         if not all(isinstance(p, dict) and p.get("type") == "text"
@@ -88,7 +103,11 @@ def _message(m: Any, i: int) -> dict[str, str]:
     if not isinstance(content, str):
         raise BadRequest(f"{where}.content must be a string or a list of text parts", where)
     role = "system" if m["role"] == "developer" else m["role"]
-    return {"role": role, "content": content}
+    out: dict[str, Any] = {"role": role, "content": content}
+    for passed in ("tool_calls", "tool_call_id", "name"):  # the template renders them
+        if passed in m:
+            out[passed] = m[passed]
+    return out
 
 
 def common_fields(body: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ class StopText:
     def __init__(self, stops: tuple[str, ...]):
         self.stops, self.held, self.hit = stops, "", False
         self.which: str | None = None
+        self.after = ""
 
     def add(self, text: str) -> str:
         if not self.stops:
@@ -29,6 +30,7 @@ class StopText:
         hits = [(i, s) for s in self.stops if (i := self.held.find(s)) >= 0]
         if hits:  # the earliest wins
             i, self.which = min(hits)
+            self.after = self.held[i + len(self.which):]  # what came with it (tool calls)
             out, self.held, self.hit = self.held[:i], "", True
             return out
         keep = max((n for s in self.stops for n in range(1, len(s))
@@ -129,11 +131,15 @@ def extras(s: TurnStats, drafter: str) -> dict[str, Any]:
 
 
 def completion(kind: str, rid: str, model: str, text: str, finish: str, s: TurnStats,
-               drafter: str, token_kinds: list[str] | None) -> dict[str, Any]:
+               drafter: str, token_kinds: list[str] | None,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The whole answer of a request that did not stream."""
     if kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
-                                  "message": {"role": "assistant", "content": text}}
+        message: dict[str, Any] = {"role": "assistant", "content": text or (
+            None if tool_calls else "")}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "message": message}
     else:
         choice = {"index": 0, "finish_reason": finish, "text": text, "logprobs": None}
     if token_kinds is not None:
@@ -144,12 +150,15 @@ def completion(kind: str, rid: str, model: str, text: str, finish: str, s: TurnS
 
 
 def chunk(kind: str, rid: str, model: str, text: str | None, *, finish: str | None = None,
-          role: bool = False, token_kinds: list[str] | None = None) -> dict[str, Any]:
+          role: bool = False, token_kinds: list[str] | None = None,
+          tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One streamed chunk (text None: a chunk with no content, e.g. the finish)."""
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
         if text is not None:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
         choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
     else:
         choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
