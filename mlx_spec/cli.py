@@ -386,7 +386,7 @@ def summary_line(s: Any) -> str:
     line = (f"[{s.generated_tokens} tokens, {s.tok_s:.1f} tok/s, TTFT {s.ttft_s * 1000:.0f} ms, "
             f"drafter {s.drafter}")
     if s.drafter != "none":
-        k = f"auto≤{s.num_draft} (mean {s.mean_draft:.1f})" if s.adaptive else str(s.num_draft)
+        k = f"auto≤{s.max_draft} (mean {s.mean_draft:.1f})" if s.adaptive else str(s.max_draft)
         line += (f" k={k}, acceptance {s.acceptance_rate:.0%}, "
                  f"{s.tokens_per_pass:.2f} tokens/pass")
         line += f", drafter mem {s.drafter_bytes / 2**20:.1f} MB"

@@ -63,7 +63,7 @@ class TurnStats:
     drafter_bytes: int = 0
     kv_cache_bytes: int = 0
     drafter: str = "none"
-    num_draft: int = 0  # k, or the largest k when adaptive
+    max_draft: int = 0  # the longest draft a round could use: k, or auto's ceiling
     adaptive: bool = False
     finish_reason: str = ""
 
@@ -97,8 +97,10 @@ class TurnStats:
 
     @classmethod
     def from_dict(cls, d: dict) -> TurnStats:
-        """Back from to_dict() (saved history does that), ignoring the derived fields."""
+        """Back from to_dict() (saved history does that), ignoring the derived fields; a
+        history saved before max_draft had that name calls it num_draft."""
         names = {f.name for f in fields(cls)}
+        d = {"max_draft": d["num_draft"], **d} if "num_draft" in d else d
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()
                       if k in names})
 

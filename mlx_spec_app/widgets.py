@@ -63,7 +63,7 @@ def stats_line(s: TurnStats, baseline: Baseline | None, *, speedup: bool = True)
     if s.generated_tokens > 1:
         parts.append(f"ITL p50/p90 {s.itl_p50_s * 1e3:.0f}/{s.itl_p90_s * 1e3:.0f} ms")
     parts.append(f"draft {s.draft_s * 1e3:.0f} ms / verify {s.verify_s * 1e3:.0f} ms")
-    k = f"auto≤{s.num_draft}" if s.adaptive else str(s.num_draft)
+    k = f"auto≤{s.max_draft}" if s.adaptive else str(s.max_draft)
     parts.append(f"{s.drafter} k={k}" if s.drafter != "none" else "no drafter")
     if s.finish_reason == "cancelled":
         parts.insert(0, STOPPED)

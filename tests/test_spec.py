@@ -47,3 +47,12 @@ def test_a_pulled_pair_fills_only_what_the_user_left_unset():
         assert got.model == "/t"
         assert (got.drafter, got.draft_model, got.mtp) == (chosen.drafter, chosen.draft_model,
                                                            chosen.mtp)
+
+
+def test_turn_stats_saved_under_the_old_name_read_back():
+    """TurnStats.num_draft is max_draft now: histories saved before keep their value."""
+    from mlx_spec import TurnStats
+
+    assert TurnStats.from_dict({"num_draft": 4, "generated_tokens": 3}).max_draft == 4
+    s = TurnStats(max_draft=6, generated_tokens=2)
+    assert TurnStats.from_dict(s.to_dict()) == s

@@ -36,7 +36,7 @@ STATS = TurnStats(  # fixed numbers: see the module docstring
     draft_s=0.020, verify_s=0.080, ttft_s=0.015, total_s=0.110, itl_p50_s=0.0, itl_p90_s=0.012,
     itl_max_s=0.014, peak_memory=6 * 2**20,
     target_bytes=2663168, drafter_bytes=2198784, kv_cache_bytes=524288, drafter="mtp",
-    num_draft=3, finish_reason="stop",
+    max_draft=3, finish_reason="stop",
 )
 
 
