@@ -290,3 +290,21 @@ def test_metrics_count_what_each_request_reports(server, client):
     assert moved("time_to_first_token_seconds_count") == 1
     assert moved("inter_token_latency_seconds_count") == r.usage.completion_tokens - 1
     assert after["vllm:num_requests_running"] == 0
+
+
+def test_a_full_queue_is_429_with_retry_after(pair):
+    target, tok, draft = pair
+    server = Server(Engine(target, tok, DraftModelDrafter(draft, target), draft_length=3),
+                    port=0, max_concurrency=1, max_queue=0)
+    server.start()
+    try:
+        c = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0)
+        stream = c.chat.completions.create(model="x", messages=CHAT, max_tokens=400,
+                                           stream=True)
+        next(iter(stream))  # running: the one slot is taken
+        with pytest.raises(openai.RateLimitError) as e:
+            c.chat.completions.create(model="x", messages=CHAT, max_tokens=4)
+        assert e.value.response.headers["Retry-After"] == "1"
+        stream.close()
+    finally:
+        server.close()

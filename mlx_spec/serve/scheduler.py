@@ -77,8 +77,9 @@ class Scheduler:
         with self._lock:
             if self._closed:
                 raise QueueFull("the server is shutting down")
-            if len(self._waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self._waiting)} requests are waiting already")
+            if self.running + len(self._waiting) >= self.max_concurrency + self.max_queue:
+                raise QueueFull(f"{self.running} requests are running and "
+                                f"{len(self._waiting)} waiting")
             self._waiting.append(job)
             self._arrived.set()
             self._lock.notify()
