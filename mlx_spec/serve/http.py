@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ..engine import Engine
+from ..errors import first_line
 from ..kinds import kind_of
 from ..templates import encode_chat
 from . import anthropic
@@ -196,8 +197,12 @@ class _Handler(BaseHTTPRequestHandler):
         engine = self.server_state.engine
         tokenizer = engine.tokenizer
         if request.messages:
-            ids = encode_chat(tokenizer, [dict(m) for m in request.messages],
-                              tools=list(request.tools) or None)
+            try:
+                ids = encode_chat(tokenizer, [dict(m) for m in request.messages],
+                                  tools=list(request.tools) or None)
+            except Exception as e:  # noqa: BLE001 - a template that refuses these messages
+                raise BadRequest(f"the chat template refused the messages: {first_line(e)}",
+                                 "messages") from None
         elif isinstance(request.prompt, tuple):
             ids = list(request.prompt)
             if max(ids) >= engine.target.vocab_size:
