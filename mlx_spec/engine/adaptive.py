@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-OPENING_PLAIN = 3  # plain tokens a policy on a prior opens with (see AdaptiveDraftLength.opening)
+OPENING_PLAIN = 2  # plain tokens a policy on a prior opens with (see AdaptiveDraftLength.opening)
 
 
 class AdaptiveDraftLength:
@@ -43,6 +43,7 @@ class AdaptiveDraftLength:
         self.k_max = len(self.costs) - 1
         self.plain_timed = False  # has a plain run refined r0 yet?
         self.opening_due = False  # on a prior: plain tokens owed after the first round
+        self.scaled = False  # has a prior's scale been replaced by a measured pass?
         # α_i as (accepted, seen) with exponential forgetting; priors enter in alphas()
         self.accepted = [0.0] * self.k_max
         self.seen = [0.0] * self.k_max
@@ -222,8 +223,10 @@ class AdaptiveDraftLength:
         verify_seconds are None, and it refines the fixed cost o and the fitted line."""
         if verify_seconds is not None and verify_seconds > 0:
             ratio = verify_seconds / self.costs[k]
-            first = not self.measured and self.rounds_drafted <= 1  # a prior's scale: replace it
-            self.slowdown = ratio if first else 0.9 * self.slowdown + 0.1 * ratio
+            if not self.measured and not self.scaled:  # a prior's scale: replace it
+                self._rescale(ratio)
+                ratio = 1.0
+            self.slowdown = 0.9 * self.slowdown + 0.1 * ratio
         if k and draft_seconds is not None and fed <= self.k_max + 1:  # not a catch-up
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * draft_seconds / k
         if round_seconds is not None and draft_seconds is None and fed <= self.k_max + 1:
@@ -265,13 +268,22 @@ class AdaptiveDraftLength:
         keep = 0.9**tokens
         self.plain_drift = keep * self.plain_drift + (1 - keep) * seconds / tokens / self.plain_cost
 
+    def _rescale(self, ratio: float) -> None:
+        """A prior's first measured pass: scale its costs to it (and what starts from them: p,
+        d's starting value), so from here the policy runs in measured units, as a calibrated
+        one does; only the prior's shape is left to be corrected by the rounds."""
+        self.costs = tuple(c * ratio for c in self.costs)
+        self.plain_cost *= ratio
+        self.draft_cost *= ratio
+        self.scaled = True
+
     def opening(self) -> None:
-        """On a prior: the first drafting round is timed in parts (it sets r outright, and its
-        verify pass brings the turn's first token: no pass is spent before it), then
-        OPENING_PLAIN plain tokens, timed whole (they set r0 outright). T(k) and T(0) are then
-        both measured where the next choice is made, so a prior of the wrong shape (flat,
-        where a quantized target on a CPU grows linearly) cannot keep speculation on where it
-        loses; the fitted line takes over from there."""
+        """On a prior: the first drafting round is timed in parts (its verify pass scales the
+        prior to measured seconds, and brings the turn's first token: no pass is spent before
+        it), then OPENING_PLAIN plain tokens, timed whole (they set r0 outright). T(k) and T(0)
+        are then both measured where the next choice is made, so a prior of the wrong shape
+        (flat, where a quantized target on a CPU grows linearly) cannot keep speculation on
+        where it loses; the fitted line takes over from there."""
         self.opening_due = True
 
     def recalibrate(self, verify_costs: Sequence[float], plain_cost: float) -> None:
