@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from .requests import BadRequest, GenerateRequest, common_fields
+from .requests import BadRequest, GenerateRequest, common_fields, model_name
 from .responses import Generation, extras, new_id
 from .tools import ToolCall, ToolStream
 
@@ -33,10 +33,7 @@ def parse_messages(body: Any, *, default_model: str) -> GenerateRequest:
     fields = {k: v for k, v in body.items() if k not in ("stop_sequences", "stop")}
     if "stop_sequences" in body:
         fields["stop"] = body["stop_sequences"]
-    model = body.get("model", default_model)
-    if not isinstance(model, str):
-        raise BadRequest("model must be a string", "model")
-    return GenerateRequest(kind="messages", model=model or default_model,
+    return GenerateRequest(kind="messages", model=model_name(body, default_model),
                            messages=tuple(turns), tools=_tools(body), **common_fields(fields))
 
 

@@ -43,7 +43,7 @@ def parse_chat(body: Any, *, default_model: str) -> GenerateRequest:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", "messages")
     tools = parse_tools(body.get("tools"), body.get("tool_choice"))
-    return GenerateRequest(kind="chat", model=_model(body, default_model),
+    return GenerateRequest(kind="chat", model=model_name(body, default_model),
                            messages=tuple(_message(m, i) for i, m in enumerate(messages)),
                            tools=tools, **common_fields(body))
 
@@ -57,7 +57,7 @@ def parse_completion(body: Any, *, default_model: str) -> GenerateRequest:
         prompt = prompt[0]
     if not (isinstance(prompt, str) and prompt) and not isinstance(prompt, tuple):
         raise BadRequest("prompt must be a non-empty string or a list of token ids", "prompt")
-    return GenerateRequest(kind="completion", model=_model(body, default_model), prompt=prompt,
+    return GenerateRequest(kind="completion", model=model_name(body, default_model), prompt=prompt,
                            **common_fields(body))
 
 
@@ -67,7 +67,7 @@ def _object(body: Any) -> dict[str, Any]:
     return body
 
 
-def _model(body: dict[str, Any], default: str) -> str:
+def model_name(body: dict[str, Any], default: str) -> str:
     model = body.get("model", default)
     if not isinstance(model, str):
         raise BadRequest("model must be a string", "model")

@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from ..events import TurnStats
+from ..events import TurnEnd, TurnStats
 
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 
@@ -56,7 +56,7 @@ class Generation:
     def __iter__(self):
         kinds: list[str] = []
         for ev in self.job.stream():
-            if hasattr(ev, "stats"):
+            if isinstance(ev, TurnEnd):
                 self.end = ev
                 continue
             if self.text.hit:
