@@ -5,6 +5,7 @@ drafter's weights, and the target's costs and target-only speed as measured on t
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Any
 
 from ..drafters.base import Drafter
@@ -81,8 +82,7 @@ class Engine:
     def _save(self) -> None:
         if self.key is None:
             return
-        baseline = None if self.baseline is None else dict(
-            tok_s=self.baseline.tok_s, tokens=self.baseline.tokens, method=self.baseline.method)
+        baseline = None if self.baseline is None else asdict(self.baseline)
         self.store.save(Calibration(
             key=self.key, model=str(self.target.path), device=device_name(),
             target_bytes=self.target.nbytes(), costs=self._measured, baseline=baseline,
