@@ -25,13 +25,21 @@ LAYER = dict(model_type="llama", hidden_size=64, intermediate_size=96, num_atten
              rope_theta=10000.0, num_hidden_layers=1, max_position_embeddings=1024)
 
 
-def head_config(*, original: bool = False, norm_before_residual: bool = False) -> dict:
+# speculators 0.9's eagle3 training defaults (norms on, a sliding-window layer), two layers
+FLAGGED = dict(norm_before_fc=False, fc_norm=True, norm_output=True, norm_before_residual=True)
+FLAGGED_LAYER = dict(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
+                     sliding_window=4, use_sliding_window=True)
+
+
+def head_config(*, original: bool = False, norm_before_residual: bool = False,
+                flagged: bool = False) -> dict:
     if original:  # yuhuili: a plain llama config plus the draft vocabulary, default taps
         return dict(LAYER, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=DRAFT_VOCAB)
+    flags = FLAGGED if flagged else dict(norm_before_residual=norm_before_residual)
     return dict(
         speculators_model_type="eagle3", architectures=["Eagle3Speculator"],
-        transformer_layer_config=LAYER, draft_vocab_size=DRAFT_VOCAB,
-        norm_before_residual=norm_before_residual, target_hidden_size=TARGET["hidden_size"],
+        transformer_layer_config=dict(LAYER, **FLAGGED_LAYER) if flagged else LAYER,
+        draft_vocab_size=DRAFT_VOCAB, **flags, target_hidden_size=TARGET["hidden_size"],
         eagle_aux_hidden_state_layer_ids=TAPS,
         speculators_config=dict(algorithm="eagle3", proposal_methods=[
             dict(proposal_type="greedy", speculative_tokens=3)],
@@ -82,7 +90,12 @@ def build_head(config: dict, seed: int = 0, *, target=None) -> Eagle3Head:
     used = draft_vocabulary(seed)
     head.d2t = mx.array((used - np.arange(DRAFT_VOCAB)).astype(np.int32))
     rng = np.random.default_rng(seed + 5)
-    for norm in (head.norm, head.layers[0].hidden_norm, head.layers[0].input_layernorm):
+    norms = [head.norm, head.layers[0].hidden_norm]
+    for layer in head.layers:
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+    if target is None:  # (the known answer reads its low tap as is: per-tap norms stay 1)
+        norms += getattr(head, "fc_norm", [])
+    for norm in norms:
         norm.weight = mx.array(rng.uniform(0.5, 2.0, 64).astype(np.float32))
     if target is not None:
         d = 64

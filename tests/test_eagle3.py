@@ -47,7 +47,9 @@ def orbit(start: int, n: int) -> list[int]:
 @pytest.fixture(scope="module")
 def pair_dir(tmp_path_factory, tokenizer_dir):
     """kind -> (target dir, head dir). random, random-nbr (norm_before_residual), original
-    (yuhuili naming and config), agree, agree-original, soft (agree with softened norms)."""
+    (yuhuili naming and config), random-flags / agree-flags (speculators 0.9's training
+    flags: fc_norm, norm_output, a sliding-window layer, two layers), agree, agree-original,
+    soft (agree with softened norms)."""
     root, made = tmp_path_factory.mktemp("eagle3"), {}
 
     def get(kind: str):
@@ -55,7 +57,8 @@ def pair_dir(tmp_path_factory, tokenizer_dir):
             agree = kind.startswith(("agree", "soft"))
             original = kind.endswith("original")
             model = build_target(agree=agree)
-            config = head_config(original=original, norm_before_residual=kind == "random-nbr")
+            config = head_config(original=original, norm_before_residual=kind == "random-nbr",
+                                 flagged=kind.endswith("flags"))
             head = build_head(config, target=model if agree else None)
             if kind == "soft":
                 for norm in (model.model.norm, head.norm):
@@ -89,10 +92,11 @@ def test_taps_are_the_inputs_of_those_layers(pair):
         np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["random", "random-nbr", "original"])
+@pytest.mark.parametrize("kind", ["random", "random-nbr", "original", "random-flags"])
 def test_drafts_match_the_reference(pair, pair_dir, kind):
-    """Three chained steps through the drafter (catch-up over the prompt, then h' fed back) at
-    T = 1: each q is the reference's distribution, recomputed from scratch each step."""
+    """Three chained steps through the drafter (catch-up over the prompt, then the state fed
+    back) at T = 1: each q is the reference's distribution, recomputed from scratch each step
+    (the flagged head: a 20-token prompt past its 4-entry window)."""
     target, _, drafter = pair(kind)
     config = json.loads((pair_dir(kind)[1] / "config.json").read_text())
     w = {k: np.array(v, np.int64 if v.dtype == mx.int32 else np.float64)
@@ -106,18 +110,19 @@ def test_drafts_match_the_reference(pair, pair_dir, kind):
                           Sampler(SamplingConfig(temperature=1.0, seed=5)))
     table = np.array(target.embed(mx.arange(VOCAB)), np.float64)
     emb = list(table[tokens[1:]])  # entry i pairs token i + 1 with the taps at i
-    g = list(ref.fuse(w, np.array(taps, np.float64)))
+    g = list(ref.fuse(w, np.array(taps, np.float64), config))
+    true = len(g)
     for i, drafted in enumerate(draft.tokens):
-        h = ref.forward(w, config, np.stack(emb), np.stack(g))[-1]
+        h = ref.forward(w, config, np.stack(emb), np.stack(g), true)[-1]
         logits = ref.target_logits(w, config, h, VOCAB)
         q = np.exp(logits - logits.max())
         np.testing.assert_allclose(np.array(draft.probs[i]), q / q.sum(), atol=1e-5)
         emb.append(table[drafted])
-        g.append(h)  # the pre-norm output is the next step's hidden (no fc)
+        g.append(h)  # the state fed back is the next step's hidden (no fc)
     assert all(int(t) in set(draft_vocabulary().tolist()) for t in draft.tokens)
 
 
-@pytest.mark.parametrize("kind", ["agree", "agree-original"])
+@pytest.mark.parametrize("kind", ["agree", "agree-original", "agree-flags"])
 def test_known_answer_head_drafts_the_next_token(pair, kind):
     """Its first draft is x_{t+2} exactly (deeper ones are not: it was built for one step)."""
     target, tok, drafter = pair(kind)
@@ -131,7 +136,7 @@ def test_known_answer_head_drafts_the_next_token(pair, kind):
             assert end.stats.tokens_per_pass >= 2 - 1 / end.stats.target_passes, end.stats
 
 
-@pytest.mark.parametrize("kind", ["random", "agree"])
+@pytest.mark.parametrize("kind", ["random", "agree", "random-flags"])
 def test_greedy_identity_and_head_cache_equals_recompute(pair, kind):
     target, tok, drafter = pair(kind)
     prompt = orbit(PROMPT[0], 20) if kind == "agree" else PROMPT
@@ -187,8 +192,30 @@ def test_wrong_width_missing_tensor_and_bad_taps_are_one_line(tmp_path, pair, pa
                   "lacks 1 tensor"),
         "taps": (dict(config, eagle_aux_hidden_state_layer_ids=[2, 4, LAYERS + 3]), weights,
                  "taps layers"),
+        # a head trained with fc_norm whose config lost the flag: every tensor named
+        "extra": (config, {**weights, **{f"fc_norm.{i}.weight": mx.ones(64) for i in range(3)}},
+                  "3 tensor.s. this layout does not use .*: fc_norm.0.weight, fc_norm.1.weight, "
+                  "fc_norm.2.weight"),
+        "flag": (dict(config, norm_after_everything=True), weights,
+                 "not supported: norm_after_everything"),
+        "both": (dict(config, norm_before_fc=True, fc_norm=True), weights, "one or the other"),
+        "act": (dict(config, transformer_layer_config=dict(config["transformer_layer_config"],
+                                                           hidden_act="gelu")), weights,
+                "hidden_act 'gelu'"),
     }
     for name, (cfg, w, message) in cases.items():
         with pytest.raises(ModelLoadError, match=message) as e:
             load_eagle3(write(name, cfg, w), target)
         assert "\n" not in str(e.value)
+
+
+def test_specforge_ids_are_layer_outputs():
+    """SpecForge's `eagle_config` ids are layer outputs (read as the next layer's input);
+    speculators' top-level ids are layer inputs; none: [2, L/2, L-3] either way."""
+    from mlx_spec.drafters.eagle3 import Eagle3Config
+
+    flat = dict(head_config(original=True), eagle_config=dict(
+        eagle_aux_hidden_state_layer_ids=[1, 3, 4], use_aux_hidden_state=True))
+    assert Eagle3Config.from_dict(flat).taps(LAYERS) == (2, 4, 5)
+    assert Eagle3Config.from_dict(head_config()).taps(LAYERS) == tuple(TAPS)
+    assert Eagle3Config.from_dict(head_config(original=True)).taps(LAYERS) == (2, 4, 5)

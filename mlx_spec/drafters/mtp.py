@@ -233,9 +233,9 @@ class MTPState:
     and an own-cache head's one-layer cache (`cached` entries, the first `trusted` tokens'
     built from the target's own hidden states)."""
 
-    def __init__(self, dim: int, own_cache: bool):
+    def __init__(self, dim: int, own_cache: bool, layers: int = 1):
         self.hist = HiddenHistory(dim)
-        self.cache = [kv.KVCache()] if own_cache else []
+        self.cache = [kv.KVCache() for _ in range(layers)] if own_cache else []
         self.cached = 0
         self.trusted = 0
 
@@ -283,7 +283,8 @@ class MTPDrafter:
 
     def new_state(self) -> MTPState:
         return MTPState(getattr(self.head, "input_dim", self.cfg.target_hidden_size),
-                        own_cache=self.cfg.kind != "shared-kv")
+                        own_cache=self.cfg.kind != "shared-kv",
+                        layers=self.head.cfg.num_layers if self.cfg.kind == "eagle3" else 1)
 
     def commit(self, state: MTPState, ctx: DraftContext, valid: int) -> None:
         state.hist.set(ctx.hidden_start, ctx.hidden, len(ctx.tokens) - 1)
@@ -326,9 +327,11 @@ class MTPDrafter:
             def step(tokens, h, pos):
                 n_in = tokens.size if isinstance(tokens, mx.array) else len(tokens)
                 emb = self._embed(tokens, state.cached)
-                # an explicit mask: some blocks (DeepSeek's MLA) take no "causal" shorthand
-                mask = create_causal_mask(n_in, state.cached) if n_in > 1 else None
                 state.cached += n_in
+                if self.cfg.kind == "eagle3":  # its layers build their masks (a window)
+                    return self.head(emb, h, state.cache, true_entries=state.trusted - self.first)
+                # an explicit mask: some blocks (DeepSeek's MLA) take no "causal" shorthand
+                mask = create_causal_mask(n_in, state.cached - n_in) if n_in > 1 else None
                 return self.head(emb, h, state.cache[0], mask)
 
             first = (ctx.tokens[start:], state.hist.rows(start - 1, n - 1)[None], start)

@@ -21,11 +21,21 @@ def read_safetensors(path: Path) -> dict[str, mx.array]:
 
 
 def load_exactly(module: nn.Module, weights: dict[str, mx.array], what: str) -> None:
-    """Every parameter from `weights` (missing ones named in one line), then evaluated."""
-    expected = {k for k, _ in tree_flatten(module.parameters())}
-    if missing := sorted(expected - weights.keys()):
-        raise ModelLoadError(f"{what} lacks {len(missing)} tensor(s): "
-                             f"{', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}")
+    """Every parameter from `weights`, then evaluated. A tensor missing, left over or of the
+    wrong shape is a ModelLoadError naming every one of them, in one line."""
+    expected = dict(tree_flatten(module.parameters()))
+    problems = []
+    if missing := sorted(expected.keys() - weights.keys()):
+        problems.append(f"lacks {len(missing)} tensor(s): {', '.join(missing)}")
+    if unexpected := sorted(weights.keys() - expected.keys()):
+        problems.append(f"has {len(unexpected)} tensor(s) this layout does not use (a config "
+                        f"flag it was trained with?): {', '.join(unexpected)}")
+    if shapes := [f"{k} {tuple(weights[k].shape)} (expected {tuple(v.shape)})"
+                  for k, v in sorted(expected.items())
+                  if k in weights and weights[k].shape != v.shape]:
+        problems.append(f"has {len(shapes)} tensor(s) of the wrong shape: {', '.join(shapes)}")
+    if problems:
+        raise ModelLoadError(f"{what} {'; '.join(problems)}")
     module.load_weights(list(weights.items()), strict=True)
     mx.eval(module.parameters())
 
