@@ -66,13 +66,19 @@ class TargetModel:
         side by side, [n, D·len] (EAGLE-3's taps), from the same single pass.
         tokens may be a (lazy) mx.array, so drafters can chain steps without a host sync."""
         x = (tokens if isinstance(tokens, mx.array) else mx.array(tokens)).reshape(1, -1)
+        logits, h = self.forward_rows(x, cache, hidden=hidden)
+        return logits[0], (h[0] if h is not None else None)
+
+    def forward_rows(self, x: mx.array, cache: list[Any], *,
+                     hidden: bool | tuple[int, ...] = False):
+        """`forward` over a batch of rows x [B, n]: logits [B, n, V] (and hidden [B, n, ·])."""
         if not hidden:
-            return self.model(x, cache=cache)[0], None
+            return self.model(x, cache=cache), None
         if isinstance(hidden, tuple):
             h, taps = self._run_tapped(x, cache, hidden)
-            return self.head(h)[0], mx.concatenate(taps, axis=-1)[0]
+            return self.head(h), mx.concatenate(taps, axis=-1)
         h = self.backbone(x, cache=cache)
-        return self.head(h)[0], h[0]
+        return self.head(h), h
 
     def _run_tapped(self, x: mx.array, cache: list[Any] | None, taps: tuple[int, ...]):
         """The backbone's own loop (llama-style: embed, layers, norm), keeping the input of

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import closing
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import mlx.core as mx
@@ -27,7 +28,8 @@ from ..events import Event
 from ..sampling import Sampler, SamplingConfig, Tokens
 from ..spec import DraftLength, check_draft_length, max_draft_for
 from .adaptive import AdaptiveDraftLength
-from .turn import play
+from .batch import Verified
+from .turn import Verify, play
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -115,7 +117,7 @@ class Conversation:
         return DraftContext(self.target, self.tokens, self.cache, hidden, start)
 
     @property
-    def _want_hidden(self) -> bool | tuple[int, ...]:
+    def wants_hidden(self) -> bool | tuple[int, ...]:
         return self.drafter.needs_hidden if self.drafter is not None else False
 
     # -- the verbs -------------------------------------------------------------------------------
@@ -125,7 +127,7 @@ class Conversation:
 
         Returns how many prompt tokens were reused."""
         reuse = min(_common_prefix(self.tokens, prompt), len(prompt) - 1, self.cached)
-        want_hidden = self._want_hidden
+        want_hidden = self.wants_hidden
         # a hidden-state drafter next reads the row of the last reused position (the one that
         # predicts the first new token); if it no longer holds it, re-feed that one token
         start = reuse
@@ -162,11 +164,21 @@ class Conversation:
 
     def verify(self, draft: Draft) -> tuple[mx.array, mx.array | None]:
         """One target forward over [pending, d_1..d_k]: logits [k+1, V] (and hidden [k+1, D]).
-        The drafts enter as device arrays: no host round trip between drafting and verifying."""
+        The drafts enter as device arrays: no host round trip between drafting and verifying.
+        (batch.verify_together runs several conversations' in one pass.)"""
+        inputs = self.verify_input(draft)
+        logits, hidden = self.target.forward(inputs, self.cache, hidden=self.wants_hidden)
+        return self.verified(inputs.shape[0], draft, logits, hidden)
+
+    def verify_input(self, draft: Draft) -> mx.array:
+        """What the verify pass feeds: the pending token(s), then the drafts."""
         pending = mx.array(self.tokens[self.cached :], dtype=mx.int32)
-        inputs = mx.concatenate([pending, draft.tokens]) if draft.k else pending
-        logits, hidden = self.target.forward(inputs, self.cache, hidden=self._want_hidden)
-        self.cached += inputs.shape[0]
+        return mx.concatenate([pending, draft.tokens]) if draft.k else pending
+
+    def verified(self, fed: int, draft: Draft, logits: mx.array,
+                 hidden: mx.array | None) -> tuple[mx.array, mx.array | None]:
+        """The cache took `fed` more tokens; the k+1 distributions the round decides on."""
+        self.cached += fed
         n = draft.k + 1
         return logits[-n:], (hidden[-n:] if hidden is not None else None)
 
@@ -239,7 +251,7 @@ class Conversation:
         """One target step on token x (lazy or not), after `history` (default: the committed
         tokens): the next token, lazy, started on the device; the step's hidden row for a
         hidden-state drafter; the sampler's check."""
-        logits, h = self.target.forward(x, self.cache, hidden=self._want_hidden)
+        logits, h = self.target.forward(x, self.cache, hidden=self.wants_hidden)
         self.cached += 1
         y, exact = sampler.next_token(logits[-1:], self.tokens if history is None else history)
         mx.async_eval([a for a in (y, h, exact) if a is not None])
@@ -265,6 +277,18 @@ class Conversation:
         """Continue the conversation with `prompt` (the whole token sequence so far: a prefix
         shared with the previous turn is reused from the cache). Yields TokenEvents, then
         TurnEnd. ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests)."""
+        with closing(self.steps(prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
+                                ignore_eos=ignore_eos)) as steps:
+            for event in steps:  # (a Verify answered by next(): the round verifies alone)
+                if not isinstance(event, Verify):
+                    yield event
+
+    def steps(self, prompt: list[int], *, max_tokens: int = 256,
+              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
+              ignore_eos: bool = False) -> Generator[Event | Verify, Verified | None, None]:
+        """`generate`, with each round's verify pass left to the caller: before it, a Verify
+        is yielded; send back its (logits, hidden) from batch.verify_together (several
+        conversations, one pass), or None (or iterate) to let the round verify alone."""
         return play(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
                     ignore_eos=ignore_eos)
 

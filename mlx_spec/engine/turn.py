@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -25,12 +25,24 @@ from ..errors import MlxSpecError, PromptTooLongError
 from ..events import Event, Kind, TokenEvent, TurnEnd, TurnStats
 from ..sampling import Sampler, SamplingConfig
 from ..stats import Totals, quantiles
+from .batch import Verified
 from .schedule import End, Next, Plain, Schedule
 
 if TYPE_CHECKING:
+    from ..drafters import Draft
     from .conversation import Conversation
 
 Emitted = tuple[list[int], list[Kind]]  # a round's (or plain step's) tokens and their kinds
+
+
+@dataclass(frozen=True)
+class Verify:
+    """A round waiting for its verify pass (only `Conversation.steps` yields these). A driver
+    that runs several conversations sends back (logits, hidden) from one pass over all of
+    them (batch.verify_together); one that just iterates (next) lets the round verify alone."""
+
+    conv: Conversation
+    draft: Draft
 
 
 @dataclass
@@ -50,8 +62,8 @@ class _Turn:
 
 def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
          sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-         ignore_eos: bool = False) -> Iterator[Event]:
-    """Conversation.generate: see there."""
+         ignore_eos: bool = False) -> Generator[Event | Verify, Verified | None, None]:
+    """Conversation.steps: see there."""
     check_prompt(conv, prompt)
     sampler = Sampler(sampling or SamplingConfig())
     policy = conv.policy = conv.policy_for(sampler.cfg.greedy)
@@ -89,9 +101,18 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
         else:
             rounds = speculate(conv, step.k, sampler, schedule, turn.tally,
                                lambda new: _stop_point(new, turn.left, eos)[0])
-        reason = ""
+        reason, reply = "", None
         with closing(rounds):  # a plain run stopped early cuts its extra step back
-            for new, kinds in rounds:
+            while True:
+                try:
+                    item = rounds.send(reply)
+                except StopIteration:
+                    break
+                if isinstance(item, Verify):  # up to the driver: batched, or alone (None)
+                    reply = yield item
+                    continue
+                reply = None
+                new, kinds = item
                 cut, reason = _stop_point(new, turn.left, eos)
                 yield from _emit(turn, new[:cut], kinds[:cut], eos, decoder)
                 if reason:
@@ -113,15 +134,17 @@ def check_prompt(conv: Conversation, prompt: list[int]) -> None:
 
 
 def speculate(conv: Conversation, k: int, sampler: Sampler, schedule: Schedule, tally: Totals,
-              keep: Callable[[list[int]], int]) -> Iterator[Emitted]:
-    """One speculative round: draft, verify, accept, commit the first keep(tokens) of its
-    tokens (the turn may end inside it); yields them and their kinds."""
+              keep: Callable[[list[int]], int]
+              ) -> Generator[Emitted | Verify, Verified | None, None]:
+    """One speculative round: draft, verify (yielding Verify first: the driver may batch it),
+    accept, commit the first keep(tokens) of its tokens (the turn may end inside it); yields
+    them and their kinds."""
     split = schedule.split()  # time draft and verify apart this round
     t = round_start = time.perf_counter()
     draft = conv.draft(k, sampler, split=split)
     draft_s = time.perf_counter() - t
     t = time.perf_counter()
-    logits, hidden = conv.verify(draft)
+    logits, hidden = (yield Verify(conv, draft)) or conv.verify(draft)
     verdict = sampler.verify(logits, conv.tokens, draft.tokens, draft.probs)
     verify_s = time.perf_counter() - t
     n, k = verdict.num_accepted, draft.k

@@ -1,0 +1,111 @@
+"""Several conversations verified in ONE target pass (engine/batch.py): rows of different
+lengths, each committing its own accepted prefix (ragged), every cache of every conversation
+equal to a recompute of its own committed sequence after every round, greedy output equal to
+each conversation alone, a seeded sampled turn equal to itself alone, and one pass per round."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import PROMPT, assert_same_or_near_tie, checked, run
+from test_conversations import OTHER, drafter_of
+
+from mlx_spec.drafters import DraftModelDrafter
+from mlx_spec.engine import Engine
+from mlx_spec.engine.batch import batchable, verify_together
+from mlx_spec.engine.turn import Verify
+from mlx_spec.events import TurnEnd
+from mlx_spec.loading import load_target
+from mlx_spec.sampling import SamplingConfig
+
+PROMPTS = [PROMPT, OTHER, PROMPT[:5] + [3, 1, 4, 1, 5, 9, 2, 6], [7] * 3]
+
+
+def turns_of(convs, prompts, *, max_tokens=32, sampling=None):
+    sampling = sampling or [SamplingConfig()] * len(convs)
+    return [c.steps(p, max_tokens=max_tokens, ignore_eos=True, sampling=s)
+            for c, p, s in zip(convs, prompts, sampling, strict=True)]
+
+
+def lockstep(turns):
+    """Drive the turns together: each runs to its next verify, then one batched pass answers
+    them all. Returns each turn's TurnEnd and the batch size of every pass."""
+    ends, sizes = [None] * len(turns), []
+    items = [next(t) for t in turns]
+    while True:
+        waiting = []
+        for i, t in enumerate(turns):
+            while ends[i] is None and not isinstance(items[i], Verify):
+                if isinstance(items[i], TurnEnd):
+                    ends[i] = items[i]
+                    break
+                items[i] = next(t)
+            if ends[i] is None:
+                waiting.append(i)
+        if not waiting:
+            return ends, sizes
+        sizes.append(len(waiting))
+        results = verify_together([(items[i].conv, items[i].draft) for i in waiting])
+        for i, result in zip(waiting, results, strict=True):
+            items[i] = turns[i].send(result)
+
+
+def near_copy(model_dirs, arch: str, noise: float):
+    """The target's own weights with a little noise: a draft model that is right often but
+    not always, so the rows of a batch accept different prefixes."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    model, _ = load_target(model_dirs(arch))
+    mx.random.seed(3)
+    model.model.update(tree_unflatten([
+        (k, v + noise * v.std() * mx.random.normal(v.shape)) if v.ndim == 2 else (k, v)
+        for k, v in tree_flatten(model.model.parameters())]))
+    return model
+
+
+@pytest.mark.parametrize("which", ["near", "shared-kv", "ngram"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3_text"])
+def test_batched_rounds_equal_each_conversation_alone(load, model_dirs, arch, which):
+    target, tok = load(arch)
+    drafter = (DraftModelDrafter(near_copy(model_dirs, arch, 0.3), target) if which == "near"
+               else drafter_of(which, target, load))
+    engine = Engine(target, tok, drafter, draft_length=3)
+    alone = [run(engine.conversation(), prompt=p, max_tokens=32)[0] for p in PROMPTS]
+    convs = [engine.conversation() for _ in PROMPTS]
+    assert batchable(convs)
+    # every round: its caches (sliding windows too) == a recompute of its own sequence
+    committed = [checked(c) for c in convs]
+    calls = []
+    forward_rows = target.forward_rows
+    target.forward_rows = lambda *a, **k: calls.append(a[0].shape) or forward_rows(*a, **k)
+    try:
+        ends, sizes = lockstep(turns_of(convs, PROMPTS))
+    finally:
+        target.forward_rows = forward_rows
+    for prompt, got, want in zip(PROMPTS, ends, alone, strict=True):
+        assert_same_or_near_tie(target, prompt, list(got.tokens), list(want.tokens))
+    batched = [s for s in calls if s[0] > 1]
+    assert len(batched) == sum(1 for s in sizes if s > 1)  # ONE pass per batched round
+    assert max(sizes) == len(PROMPTS)
+    if which == "near":  # in one pass, rows commit different lengths (never the minimum)
+        rounds = min(len(c) for c in committed)
+        assert any(len({c[j] for c in committed}) > 1 for j in range(1, rounds))
+
+
+def test_a_seeded_sampled_turn_is_the_same_inside_a_batch(load):
+    target, tok = load("qwen3")
+    engine = Engine(target, tok, drafter_of("draft", target, load), draft_length=3)
+    cfgs = [SamplingConfig(temperature=1.0, top_p=0.9, seed=s) for s in (1, 2, 3)]
+    alone = [run(engine.conversation(), prompt=p, max_tokens=24, sampling=c)[0]
+             for p, c in zip(PROMPTS, cfgs, strict=False)]
+    convs = [engine.conversation() for _ in cfgs]
+    ends, sizes = lockstep(turns_of(convs, PROMPTS[:3], max_tokens=24, sampling=cfgs))
+    assert max(sizes) == len(cfgs)
+    for got, want in zip(ends, alone, strict=True):  # its own random stream, batch or not
+        assert list(got.tokens) == list(want.tokens)
+
+
+def test_recurrent_and_quantized_caches_verify_one_at_a_time(load):
+    target, tok = load("qwen3")
+    quantized = Engine(target, tok, None, kv_bits=8)
+    assert not batchable([quantized.conversation(), quantized.conversation()])
