@@ -8,6 +8,13 @@ from __future__ import annotations
 import pytest
 from helpers import PROMPT, assert_same_or_near_tie, checked, run
 from test_conversations import OTHER, drafter_of
+from test_engine_sampling import (
+    CFG,
+    assert_both_paths_taken,
+    blended_drafter_model,
+    chi2_pvalue,
+    target_joint,
+)
 
 from mlx_spec.drafters import DraftModelDrafter
 from mlx_spec.engine import Engine
@@ -60,6 +67,7 @@ def near_copy(model_dirs, arch: str, noise: float):
     model.model.update(tree_unflatten([
         (k, v + noise * v.std() * mx.random.normal(v.shape)) if v.ndim == 2 else (k, v)
         for k, v in tree_flatten(model.model.parameters())]))
+    mx.eval(model.model.parameters())  # (not left lazy for another thread's stream)
     return model
 
 
@@ -109,3 +117,26 @@ def test_recurrent_and_quantized_caches_verify_one_at_a_time(load):
     target, tok = load("qwen3")
     quantized = Engine(target, tok, None, kv_bits=8)
     assert not batchable([quantized.conversation(), quantized.conversation()])
+
+
+def test_sampling_inside_batches_has_the_target_distribution(load):
+    """χ² under concurrency: two-token answers drawn three at a time beside a fourth request of
+    another length, all verified in one pass per round, have the target's joint distribution."""
+    target, tok = load("llama")
+    drafter = DraftModelDrafter(blended_drafter_model(load, "llama"), target)
+    engine = Engine(target, tok, drafter, draft_length=2)
+    pairs, tally, sizes = [], [], []
+    for base in range(0, 1500, 3):
+        cfgs = [SamplingConfig(seed=base + i, **CFG) for i in range(3)]
+        convs = [engine.conversation() for _ in range(4)]
+        ends, seen = lockstep(turns_of(convs, [PROMPT] * 3 + [OTHER], max_tokens=2,
+                                       sampling=cfgs + [SamplingConfig(seed=base, **CFG)]))
+        sizes += seen
+        for end in ends[:3]:
+            pairs.append(tuple(end.tokens))
+            tally.append((end.stats.drafted, end.stats.accepted))
+    assert max(sizes) == 4
+    assert_both_paths_taken(tally)
+    pval = chi2_pvalue(pairs, target_joint(target, SamplingConfig(**CFG), prompt=PROMPT))
+    print(f"batched draft-model χ² p = {pval:.3f}")
+    assert pval > 0.01

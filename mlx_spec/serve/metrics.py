@@ -10,7 +10,8 @@ from bisect import bisect_left
 
 from ..events import TurnStats
 
-PREFIX = "vllm:"
+PREFIX = "vllm:"  # the names vLLM dashboards read
+OWN = "mlx_spec:"  # ours, where vLLM has none
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -44,6 +45,7 @@ class Metrics:
         self.requests = self.prompt_tokens = self.generation_tokens = 0
         self.drafts = self.draft_tokens = self.accepted_tokens = 0
         self.accepted_per_pos: list[int] = []
+        self.verify_passes = self.verify_rows = 0  # target verify passes, the rounds they ran
         self.ttft = Histogram("time_to_first_token_seconds",
                               "Time from a request's arrival to its first token.", TTFT_BUCKETS)
         self.itl = Histogram("inter_token_latency_seconds",
@@ -56,6 +58,12 @@ class Metrics:
     def next_token(self, seconds: float) -> None:
         with self._lock:
             self.itl.observe(seconds)
+
+    def verified(self, passes: int, rows: int) -> None:
+        """`passes` target verify passes ran `rows` requests' rounds."""
+        with self._lock:
+            self.verify_passes += passes
+            self.verify_rows += rows
 
     def finished(self, s: TurnStats) -> None:
         with self._lock:
@@ -87,9 +95,14 @@ class Metrics:
                  self.draft_tokens),
                 ("spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens accepted.",
                  self.accepted_tokens),
+                (OWN + "verify_passes_total", "counter", "Target verify passes.",
+                 self.verify_passes),
+                (OWN + "verify_rounds_total", "counter",
+                 "Requests' rounds those passes verified (÷ passes: the mean batch).",
+                 self.verify_rows),
             ):
-                lines += [f"# HELP {PREFIX}{name} {help}", f"# TYPE {PREFIX}{name} {kind}",
-                          f"{PREFIX}{name} {value}"]
+                name = name if name.startswith(OWN) else PREFIX + name
+                lines += [f"# HELP {name} {help}", f"# TYPE {name} {kind}", f"{name} {value}"]
             name = PREFIX + "spec_decode_num_accepted_tokens_per_pos_total"
             lines += [f"# HELP {name} Drafted tokens accepted, by position in the draft.",
                       f"# TYPE {name} counter"]

@@ -1,9 +1,13 @@
 """Several requests at once on one engine: each request is a Conversation of its own beside the
-engine's weights, and one engine thread runs them all, a round of each in turn, so every stream
-keeps flowing and speculation stays on for each (its own drafter state, its own policy).
+engine's weights, and one engine thread runs them all in cycles. A cycle advances every running
+request to its next verify pass (drafting on its own drafter state, emitting the tokens its last
+round committed; a request in a plain run takes one step), then runs ONE target pass over every
+waiting round (engine/batch.py: each row commits its own accepted prefix). Requests join and
+leave between cycles, so speculation stays on for each (its own drafter state, its own policy,
+its own random stream) while the verify is shared.
 
-What this does not do yet: one target verify pass over every active request's round (batched
-verification). Rounds are interleaved, not batched, so the aggregate throughput is one stream's.
+Not yet: a new request's prefill runs whole inside a cycle (running streams wait for it), and
+the draft length sees the batch only through each round's measured time.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import Engine
-from ..events import Event, TokenEvent, TurnEnd
+from ..engine.batch import Verified, batchable, verify_together
+from ..engine.turn import Verify
+from ..events import Event, Kind, TokenEvent, TurnEnd
 from ..sampling import SamplingConfig
 from .metrics import Metrics
 
@@ -107,7 +113,7 @@ class Scheduler:
             mx.clear_streams()
 
     def _loop(self) -> None:
-        running: list[tuple[Job, Iterator[Event]]] = []
+        running: list[_Running] = []
         while True:
             if not running and not self._waiting and not self._closed:
                 self._calibrate_while_idle()
@@ -118,10 +124,49 @@ class Scheduler:
                     return
                 while self._waiting and len(running) < self.max_concurrency:
                     job = self._waiting.popleft()
-                    running.append((job, self._start(job)))
+                    running.append(_Running(job, self._start(job)))
                 self.running = len(running)
-            running = [(job, turn) for job, turn in running if self._step(job, turn)]
+            running = self._cycle(running)
             self.running = len(running)
+
+    def _cycle(self, running: list[_Running]) -> list[_Running]:
+        """Every request to its next verify (or one plain step), then one pass for all."""
+        running = [run for run in running if self._advance(run)]
+        rounds = [run for run in running if isinstance(run.item, Verify)]
+        if rounds:
+            together = [(run.item.conv, run.item.draft) for run in rounds]
+            try:
+                results = verify_together(together)
+            except Exception:  # noqa: BLE001 - each verifies alone: an error reaches its own job
+                results = [None] * len(rounds)
+            for run, result in zip(rounds, results, strict=True):
+                run.reply, run.item = result, None
+            one = batchable([conv for conv, _ in together]) and results[0] is not None
+            self.metrics.verified(1 if one else len(rounds), len(rounds))
+        return running
+
+    def _advance(self, run: _Running) -> bool:
+        """Run the request's turn up to its next verify pass, or through one plain step;
+        False when the request is over (its end, or its error, handed to it)."""
+        job = run.job
+        while True:
+            try:
+                item: Any = run.turn.send(run.reply)
+            except StopIteration:
+                job.events.put(_DONE)
+                return False
+            except Exception as e:  # noqa: BLE001 - one failing request never ends the others
+                job.events.put(e)
+                job.events.put(_DONE)
+                return False
+            run.reply = None
+            if isinstance(item, Verify):
+                run.item = item
+                return True
+            if not self._hand(job, item):
+                return False
+            if isinstance(item, TokenEvent) and item.kind is Kind.TARGET:
+                return True  # a plain step ran on the device: the others' turn
 
     def _calibrate_while_idle(self) -> None:
         """Between requests: measure the target's costs if `auto` still reads a prior; a
@@ -132,22 +177,13 @@ class Scheduler:
         self._arrived.clear()
         engine.calibrate(stop=self._arrived)
 
-    def _start(self, job: Job) -> Iterator[Event]:
+    def _start(self, job: Job) -> Generator[Event | Verify, Verified | None, None]:
         conv = self.engine.conversation()
-        return conv.generate(job.prompt, max_tokens=job.max_tokens, sampling=job.sampling,
-                             stop=job.stop)
+        return conv.steps(job.prompt, max_tokens=job.max_tokens, sampling=job.sampling,
+                          stop=job.stop)
 
-    def _step(self, job: Job, turn: Iterator[Event]) -> bool:
-        """Hand the job its next event; False when the job is over."""
-        try:
-            event: Any = next(turn)
-        except StopIteration:
-            job.events.put(_DONE)
-            return False
-        except Exception as e:  # noqa: BLE001 - one failing request never ends the others
-            job.events.put(e)
-            job.events.put(_DONE)
-            return False
+    def _hand(self, job: Job, event: Event) -> bool:
+        """Hand the job an event; False when it was the job's last."""
         job.events.put(event)
         if isinstance(event, TokenEvent):
             now = time.perf_counter()
@@ -161,3 +197,13 @@ class Scheduler:
             job.events.put(_DONE)
             return False
         return True
+
+
+@dataclass
+class _Running:
+    """A running request: its turn, and what the turn waits for (its Verify, then its reply)."""
+
+    job: Job
+    turn: Generator[Event | Verify, Verified | None, None]
+    item: Verify | None = None
+    reply: Verified | None = None

@@ -1,0 +1,140 @@
+"""The server's batch, through the official `openai` client on 127.0.0.1: four concurrent
+streams (greedy and seeded sampled) each equal to their request alone with every drafter kind
+(a draft model that is often but not always right, our MTP head, a published nextn head on the
+hybrid Qwen3.5 fixture, n-gram), with ONE target pass verifying several requests' rounds where
+the caches batch; and a bounded load loop that loses nothing and leaves the server alive."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+
+import openai
+import pytest
+from published import build_pair, write_checkpoint
+from test_batch import near_copy
+from test_mtp import make_drafter as make_head_drafter
+
+from mlx_spec.drafters import DraftModelDrafter, NgramDrafter
+from mlx_spec.engine import Engine
+from mlx_spec.loading import load_target, make_drafter
+from mlx_spec.sampling import SamplingConfig
+from mlx_spec.serve import Server
+from mlx_spec.templates import encode_chat
+
+KINDS = ["draft", "mtp", "nextn-hybrid", "ngram"]
+
+
+@pytest.fixture(scope="module")
+def engines(model_dirs, tmp_path_factory, tokenizer_dir):
+    made = {}
+
+    def get(kind: str) -> Engine:
+        if kind not in made:
+            if kind == "nextn-hybrid":
+                model, head = build_pair("qwen3_5", agree=True, noise=0.15)
+                root = write_checkpoint(tmp_path_factory.mktemp("hybrid") / "q", "qwen3_5",
+                                        model, head, tokenizer_dir)
+                target, tok = load_target(root)
+                drafter = make_drafter("mtp", target, model_path=root)
+            else:
+                target, tok = load_target(model_dirs("llama"))
+                drafter = {"draft": lambda: DraftModelDrafter(near_copy(model_dirs, "llama", 0.3),
+                                                              target),
+                           "mtp": lambda: make_head_drafter(target, "shared-kv"),
+                           "ngram": NgramDrafter}[kind]()
+            made[kind] = Engine(target, tok, drafter, draft_length=3)
+        return made[kind]
+
+    return get
+
+
+def scrape(server) -> dict[str, float]:
+    host, port = server.httpd.server_address[:2]
+    c = http.client.HTTPConnection(host, port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def alone(engine: Engine, messages, max_tokens, **sampling) -> str:
+    conv = engine.conversation()
+    events = list(conv.generate(encode_chat(engine.tokenizer, messages), max_tokens=max_tokens,
+                                sampling=SamplingConfig(**sampling)))
+    return "".join(e.text for e in events[:-1])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_four_streams_with_each_drafter_equal_their_request_alone(engines, kind):
+    engine = engines(kind)
+    server = Server(engine, port=0, max_concurrency=4, max_queue=4)
+    server.start()
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
+    asks = [dict(messages=[{"role": "user", "content": "def f(x):" + " x" * i}], max_tokens=16,
+                 temperature=0.0 if i % 2 else 1.0, seed=i) for i in range(4)]
+    got: dict[int, str] = {}
+    start = threading.Barrier(4)
+
+    def ask(i: int) -> None:
+        start.wait()
+        stream = client.chat.completions.create(model="x", stream=True, **asks[i])
+        got[i] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    try:
+        before = scrape(server)
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        after = scrape(server)
+    finally:
+        server.close()
+    for i, a in enumerate(asks):
+        want = alone(engine, a["messages"], 16, temperature=a["temperature"], seed=i)
+        assert got.get(i) == want, (kind, i)
+    passes = after["mlx_spec:verify_passes_total"] - before.get("mlx_spec:verify_passes_total", 0)
+    rounds = after["mlx_spec:verify_rounds_total"] - before.get("mlx_spec:verify_rounds_total", 0)
+    if kind == "nextn-hybrid":  # recurrent state: each round verifies alone, still one pass
+        assert passes == rounds > 0
+    else:  # several requests' rounds per target pass
+        assert rounds > passes > 0, (rounds, passes)
+
+
+def test_a_bounded_load_loop_loses_nothing(engines):
+    """24 short requests from 6 client threads (loopback, bounded in count and in time): every
+    one answered in full, the counters moved by exactly 24, the server alive after."""
+    engine = engines("draft")
+    server = Server(engine, port=0, max_concurrency=4, max_queue=32)
+    server.start()
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
+    answers: list[int] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + 240
+
+    def worker(w: int) -> None:
+        for j in range(4):
+            if time.monotonic() > deadline:
+                return
+            r = client.chat.completions.create(
+                model="x", max_tokens=6, messages=[{"role": "user", "content": f"{w} {j}"}])
+            with lock:
+                answers.append(r.usage.completion_tokens)
+
+    try:
+        before = scrape(server)
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        after = scrape(server)
+        assert client.models.list().data  # still serving
+    finally:
+        server.close()
+    assert len(answers) == 24 and all(n >= 1 for n in answers)
+    assert after["vllm:request_success_total"] - before.get("vllm:request_success_total", 0) == 24
+    assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
