@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..engine import Conversation
@@ -61,13 +62,19 @@ class RoundCosts:
 
 
 def replay(tables: list[list[int]], costs: RoundCosts, num_draft: int | str, *,
-           noise: float = 0.05, seed: int = 0, **policy_options) -> list[float]:
+           noise: float = 0.05, seed: int = 0, prior: Sequence[float] | None = None,
+           **policy_options) -> list[float]:
     """Tokens per simulated second on each table in turn (one conversation: an `auto` policy
     carries over from prompt to prompt, as in the bench), each rate timed as the bench times
-    one: (tokens − 1) / (last arrival − first). Every timing is multiplied by exp(N(0, noise))."""
+    one: (tokens − 1) / (last arrival − first). Every timing is multiplied by exp(N(0, noise)).
+    prior: verify costs an `auto` policy starts from instead of the true ones, not measured (as
+    on a fresh engine: calibration.prior), its plain cost their c(1)."""
     rng = random.Random(seed)
     policy = None
-    if num_draft == "auto":
+    if num_draft == "auto" and prior is not None:
+        policy = AdaptiveDraftLength(prior, plain_cost=prior[0], measured=False,
+                                     **policy_options)
+    elif num_draft == "auto":
         policy = AdaptiveDraftLength(costs.verify, plain_cost=costs.plain, **policy_options)
     schedule = Schedule(policy, 0 if num_draft == "auto" else int(num_draft), drafting=True)
     return [_turn(runs, costs, schedule, rng, noise) for runs in tables]

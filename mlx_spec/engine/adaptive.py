@@ -6,7 +6,9 @@ picks argmax_k E(k) / T(k), with k = 0 (plain decoding, E = 1, T(0) = r0·p) whe
 cannot pay. T(k) = o + k·d + r·c(k+1) from the calibrated verify costs c(q) until fused rounds
 have run, then r times a least-squares line a + b·k through their times (with forgetting), its
 slope shrunk toward the model's. o, d, r and r0 are fitted online: d and r from the rounds
-timed in parts (`split()`), r0 from whole plain runs (`observe_plain`).
+timed in parts (`split()`), r0 from whole plain runs (`observe_plain`). On a prior (costs not
+calibrated on this target), r·c(q) is the line fitted to those rounds' own verify passes once
+two lengths q have been timed (`_learn_shape`): the prior's scale and shape both give way.
 
 Each α_i is shrunk toward its neighbour (α_1 toward the drafter's long-run record); the on/off
 decision reads them one standard error high while speculation is on and as estimated while it
@@ -22,6 +24,7 @@ import math
 from collections.abc import Sequence
 
 OPENING_PLAIN = 2  # plain tokens a policy on a prior opens with (see AdaptiveDraftLength.opening)
+OPENING_LEAD = 1.25  # ... unless speculation leads plain decoding by this much at p = c(1)
 
 
 class AdaptiveDraftLength:
@@ -34,15 +37,23 @@ class AdaptiveDraftLength:
                  carry: float = 0.3, probe_every: int = 16, explore_every: int = 8,
                  split_every: int = 8, plain_every: int = 32, plain_probe: int = 4,
                  optimism: float = 1.0, probe_budget: float = 0.01, fit_keep: float = 0.97,
-                 slope_weight: float = 4.0, long_keep: float = 0.99, measured: bool = True):
+                 slope_weight: float = 4.0, shape_weight: float = 0.5,
+                 long_keep: float = 0.99, measured: bool = True):
         """measured: False when the costs are a prior (not calibrated on this target): then the
-        policy opens with a round timed in parts and a short plain run, whose times replace
-        the prior's scale for T(k) and T(0) outright (see `opening`)."""
+        policy opens with rounds timed in parts, whose verify passes replace the prior's scale
+        and, once two lengths are timed, its shape (see `_learn_shape`), and a short plain run
+        that sets T(0) outright, skipped where speculation clearly leads (see `opening`)."""
         self.measured = measured
         self.costs = tuple(verify_costs)
+        # on a prior: its shape as a slope per token relative to c(1), and the split rounds'
+        # verify passes (q = k + 1, seconds) as the sums Σw, Σw·q, Σw·q², Σw·v, Σw·q·v
+        self.prior_slope = (self.costs[-1] / self.costs[0] - 1) / max(len(self.costs) - 1, 1)
+        self.shape, self.shape_weight = [0.0] * 5, shape_weight
         self.k_max = len(self.costs) - 1
         self.plain_timed = False  # has a plain run refined r0 yet?
-        self.opening_due = False  # on a prior: plain tokens owed after the first round
+        self.opening_due = False  # on a prior: plain tokens owed once its shape is known
+        self.shaped = False  # has a prior's shape been replaced by measured passes?
+        self.opening_rounds = 0  # drafting rounds while the opening was due
         self.scaled = False  # has a prior's scale been replaced by a measured pass?
         # α_i as (accepted, seen) with exponential forgetting; priors enter in alphas()
         self.accepted = [0.0] * self.k_max
@@ -132,7 +143,8 @@ class AdaptiveDraftLength:
 
     def fitted_line(self) -> tuple[float, float]:
         """(a, b) of T(k)/r = a + b·k: least squares over the fused rounds' times, the slope
-        shrunk toward the model's b0 = d/r + c' (c' the calibrated line's slope) with weight
+        shrunk toward the model's b0 = d/r + c' (c' the slope of c: calibrated, or on a prior
+        learnt from its verify passes, see _learn_shape) with weight
         `slope_weight` (that many rounds one k apart). Rounds all at one k fix the level and
         keep the model's slope (the calibrated one need not match the loop's); rounds at other
         k (exploration, turn ends, climbs) correct it."""
@@ -227,6 +239,8 @@ class AdaptiveDraftLength:
                 self._rescale(ratio)
                 ratio = 1.0
             self.slowdown = 0.9 * self.slowdown + 0.1 * ratio
+            if not self.measured:  # and its shape, once two lengths are timed
+                self._learn_shape(k + 1, verify_seconds)
         if k and draft_seconds is not None and fed <= self.k_max + 1:  # not a catch-up
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * draft_seconds / k
         if round_seconds is not None and draft_seconds is None and fed <= self.k_max + 1:
@@ -240,8 +254,6 @@ class AdaptiveDraftLength:
                             for f, x in zip(self.fit, (1.0, k, k * k, t, k * t), strict=True)]
         if k == 0:
             return
-        if self.opening_due:
-            self.opening_due, self.plain_left = False, OPENING_PLAIN
         # evidence ages with the text, by the round's tokens, at every position, tested or
         # not: a position the current k does not reach must not keep what it showed on text
         # long gone (after a hard turn, an easy one would climb back one stale depth at a time)
@@ -251,6 +263,11 @@ class AdaptiveDraftLength:
         for i in range(min(k, n + 1)):  # position i was tested only if 1..i-1 were accepted
             self.accepted[i] += i < n
             self.seen[i] += 1
+        self.opening_rounds += self.opening_due
+        if self.opening_due and (self.shaped or self.opening_rounds >= 3):
+            self.opening_due = False
+            if not self.shaped or self._lead() < OPENING_LEAD:
+                self.plain_left = OPENING_PLAIN
 
     def observe_plain(self, seconds: float, tokens: int = 1) -> None:
         """A run of plain decoding took `seconds` for its `tokens` tokens, its first step
@@ -271,18 +288,63 @@ class AdaptiveDraftLength:
     def _rescale(self, ratio: float) -> None:
         """A prior's first measured pass: scale its costs to it (and what starts from them: p,
         d's starting value), so from here the policy runs in measured units, as a calibrated
-        one does; only the prior's shape is left to be corrected by the rounds."""
+        one does (its shape follows from the next length timed, see _learn_shape). Where plain
+        runs came first (a prior that starts with speculation off), r0 is already in measured
+        seconds: T(0) = r0·p must not scale with p."""
         self.costs = tuple(c * ratio for c in self.costs)
         self.plain_cost *= ratio
+        if self.plain_timed:
+            self.plain_drift /= ratio
         self.draft_cost *= ratio
         self.scaled = True
 
+    def _learn_shape(self, q: int, seconds: float) -> None:
+        """On a prior: a verify pass over q tokens took `seconds`. Once two lengths q are
+        timed, r·c(q) becomes the weighted least-squares line v(q) = a + b·q through every
+        such pass (forgetting `fit_keep` per pass): c(q) = v(q) / r, so T(k)'s model and the
+        fused line's slope target d/r + c' (see fitted_line) read measured passes, while r,
+        p·r0 and the fused rounds' fit keep their meaning. The slope is shrunk toward the
+        prior's relative slope s0 (b0 = s0·v̄ / (1 + s0·(q̄ − 1)): its line through the mean)
+        with weight `shape_weight`, in Σw(q − q̄)² (two passes one q apart weigh ½: as much
+        as the prior; after q = 2, 3, 4 they hold 4/5 of the slope, once a deep round is
+        timed nearly all). Shrunk harder, a linear cost (a quantized target on a CPU) read
+        too flat and skipped the opening's plain tokens where speculation loses (replayed).
+        a ≥ 0: no pass costs less than nothing at q = 0."""
+        self.shape = [self.fit_keep * f + x
+                      for f, x in zip(self.shape, (1.0, q, q * q, seconds, q * seconds),
+                                      strict=True)]
+        w, sq, sqq, sv, sqv = self.shape
+        qbar, vbar = sq / w, sv / w
+        spread, cov = sqq - w * qbar**2, sqv - w * qbar * vbar  # Σw(q − q̄)², Σw(q − q̄)(v − v̄)
+        if spread < 1e-6:  # one length so far: _rescale has set the scale
+            return
+        b0 = self.prior_slope * vbar / (1 + self.prior_slope * (qbar - 1))
+        b = max((cov + self.shape_weight * b0) / (spread + self.shape_weight), 0.0)
+        a = vbar - b * qbar
+        if a < 0:  # the line through the origin and the passes' mean
+            a, b = 0.0, vbar / qbar
+        self.costs = tuple(max(a + b * q, 1e-6) / self.slowdown
+                           for q in range(1, len(self.costs) + 1))
+        self.shaped = True
+        if not self.plain_timed:  # p ≤ c(1), as at a calibration (r0 = 1 until timed)
+            self.plain_cost = min(self.plain_cost, self.slowdown * self.costs[0])
+
+    def _lead(self) -> float:
+        """How far speculation leads plain decoding, as the estimates now read:
+        max_k (E(k)/T(k)) · T(0)."""
+        cost, expected = self.round_costs(self.k_max), self._expected(self.alphas())
+        return max(expected[k] / cost[k] for k in range(1, self.k_max + 1)) * cost[0]
+
     def opening(self) -> None:
-        """On a prior: the first drafting round is timed in parts (its verify pass scales the
-        prior to measured seconds, and brings the turn's first token: no pass is spent before
-        it), then OPENING_PLAIN plain tokens, timed whole (they set r0 outright). T(k) and T(0)
-        are then both measured where the next choice is made, so a prior of the wrong shape
-        (flat, where a quantized target on a CPU grows linearly) cannot keep speculation on
+        """On a prior: the first drafting rounds are timed in parts (the first verify pass
+        scales the prior to measured seconds, and brings the turn's first token: no pass is
+        spent before it; the next, at another length, gives c its measured shape), then
+        OPENING_PLAIN plain tokens, timed whole (they set r0 outright), unless speculation
+        leads by OPENING_LEAD with T(0) read at its bound c(1): there the plain tokens would
+        only cost time (2 plain passes for 2 tokens, ~2% of a 96-token turn drafting 4 a
+        pass) and T(0) cannot flip the choice. Where the lead is thin or negative (a
+        quantized target on a CPU, whose cost grows linearly), T(k) and T(0) are both
+        measured where the next choice is made, so the prior cannot keep speculation on
         where it loses; the fitted line takes over from there."""
         self.opening_due = True
 
@@ -293,9 +355,10 @@ class AdaptiveDraftLength:
         self.plain_cost = min(plain_cost, self.costs[0])
         self.slowdown = self.plain_drift = 1.0
         self.fit, self.overhead, self.rounds_drafted = [0.0] * 5, 0.0, 0
+        self.shape = [0.0] * 5
         self.draft_cost = 0.1 * self.costs[0]
         self.measured, self.plain_timed = True, False
-        self.opening_due, self.plain_left = False, 0
+        self.opening_due, self.plain_left, self.shaped = False, 0, False
 
     def new_turn(self) -> None:
         """A new prompt: keep `carry` of the acceptance evidence (what the drafter did on the
