@@ -140,3 +140,27 @@ def test_sampling_inside_batches_has_the_target_distribution(load):
     pval = chi2_pvalue(pairs, target_joint(target, SamplingConfig(**CFG), prompt=PROMPT))
     print(f"batched draft-model χ² p = {pval:.3f}")
     assert pval > 0.01
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0,
+                                                                       top_p=0.9, seed=4)])
+def test_target_only_turns_batch_their_plain_steps(load, sampling):
+    """No drafter (or speculation off): plain tokens come as rounds of no drafts, verified in
+    one pass for all; each turn equals its own pipelined plain decoding (seeded: the same
+    draws)."""
+    target, tok = load("qwen3")
+    engine = Engine(target, tok, None)
+    alone = [run(engine.conversation(), prompt=p, max_tokens=20, sampling=sampling)[0]
+             for p in PROMPTS]
+    convs = [engine.conversation() for _ in PROMPTS]
+    for c in convs:
+        checked(c)
+    ends, sizes = lockstep(turns_of(convs, PROMPTS, max_tokens=20,
+                                    sampling=[sampling] * len(PROMPTS)))
+    assert max(sizes) == len(PROMPTS) and len(sizes) == 20
+    for prompt, got, want in zip(PROMPTS, ends, alone, strict=True):
+        if sampling.greedy:
+            assert_same_or_near_tie(target, prompt, list(got.tokens), list(want.tokens))
+        else:
+            assert got.tokens == want.tokens
+        assert got.stats.target_passes == want.stats.target_passes == 20

@@ -277,8 +277,8 @@ class Conversation:
         """Continue the conversation with `prompt` (the whole token sequence so far: a prefix
         shared with the previous turn is reused from the cache). Yields TokenEvents, then
         TurnEnd. ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests)."""
-        with closing(self.steps(prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
-                                ignore_eos=ignore_eos)) as steps:
+        with closing(play(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
+                          ignore_eos=ignore_eos)) as steps:
             for event in steps:  # (a Verify answered by next(): the round verifies alone)
                 if not isinstance(event, Verify):
                     yield event
@@ -286,11 +286,12 @@ class Conversation:
     def steps(self, prompt: list[int], *, max_tokens: int = 256,
               sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
               ignore_eos: bool = False) -> Generator[Event | Verify, Verified | None, None]:
-        """`generate`, with each round's verify pass left to the caller: before it, a Verify
-        is yielded; send back its (logits, hidden) from batch.verify_together (several
-        conversations, one pass), or None (or iterate) to let the round verify alone."""
+        """`generate`, with each pass left to the caller: before it, a Verify is yielded;
+        send back its (logits, hidden) from batch.verify_together (several conversations, one
+        pass), or None (or iterate) to let it run alone. Plain tokens (speculation off, or no
+        drafter) come as rounds of no drafts, so they batch too (not pipelined)."""
         return play(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
-                    ignore_eos=ignore_eos)
+                    ignore_eos=ignore_eos, rounds_only=True)
 
 
 class _Step(NamedTuple):

@@ -21,6 +21,7 @@ import mlx.core as mx
 
 from .. import cache as kv
 from ..detok import IncrementalDecoder
+from ..drafters import Draft
 from ..errors import MlxSpecError, PromptTooLongError
 from ..events import Event, Kind, TokenEvent, TurnEnd, TurnStats
 from ..sampling import Sampler, SamplingConfig
@@ -29,7 +30,6 @@ from .batch import Verified
 from .schedule import End, Next, Plain, Schedule
 
 if TYPE_CHECKING:
-    from ..drafters import Draft
     from .conversation import Conversation
 
 Emitted = tuple[list[int], list[Kind]]  # a round's (or plain step's) tokens and their kinds
@@ -62,8 +62,9 @@ class _Turn:
 
 def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
          sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-         ignore_eos: bool = False) -> Generator[Event | Verify, Verified | None, None]:
-    """Conversation.steps: see there."""
+         ignore_eos: bool = False, rounds_only: bool = False
+         ) -> Generator[Event | Verify, Verified | None, None]:
+    """Conversation.steps (rounds_only: plain tokens too go through Verify) / generate."""
     check_prompt(conv, prompt)
     sampler = Sampler(sampling or SamplingConfig())
     policy = conv.policy = conv.policy_for(sampler.cfg.greedy)
@@ -77,7 +78,7 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
     prefill_s = time.perf_counter() - t0
     turn = _Turn(max_tokens, t0, _tally(conv.max_draft))
 
-    def decide(ahead: int = 0) -> Next:
+    def decide(ahead: int = 0) -> Next:  # ahead: tokens a plain run has built ahead
         """What comes after `ahead` more tokens."""
         return schedule.next(left=turn.left - ahead,
                              room=conv.target.context_length - len(conv.tokens) - ahead,
@@ -92,12 +93,13 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
             finish = step.reason
             break
         if isinstance(step, Plain):
-            def more() -> bool:  # asked by the plain run before it reads each token
+            def more(ahead: int = 1) -> bool:  # asked by the plain run for each token
                 nonlocal planned
-                planned = decide(ahead=1)
+                planned = decide(ahead=ahead)
                 return isinstance(planned, Plain)
 
-            rounds = plain_run(conv, sampler, more, schedule, turn.tally)
+            rounds = (plain_rounds(conv, sampler, lambda: more(0), schedule, turn.tally)
+                      if rounds_only else plain_run(conv, sampler, more, schedule, turn.tally))
         else:
             rounds = speculate(conv, step.k, sampler, schedule, turn.tally,
                                lambda new: _stop_point(new, turn.left, eos)[0])
@@ -169,6 +171,29 @@ def plain_run(conv: Conversation, sampler: Sampler, more: Callable[[], bool],
             tally.add_pass(0, 0, 0.0, seconds)
             schedule.observe_plain(seconds)
             yield [token], [Kind.TARGET]
+    finally:
+        schedule.end_plain_run()
+
+
+def plain_rounds(conv: Conversation, sampler: Sampler, more: Callable[[], bool],
+                 schedule: Schedule, tally: Totals
+                 ) -> Generator[Emitted | Verify, Verified | None, None]:
+    """Plain decoding as rounds of no drafts, until more() (asked after each token) says
+    otherwise: each token's pass goes through Verify, so a driver can run it in one pass with
+    other conversations' rounds (nothing is built ahead: the pass waits for the batch)."""
+    try:
+        while True:
+            t = time.perf_counter()
+            draft = Draft()
+            logits, hidden = (yield Verify(conv, draft)) or conv.verify(draft)
+            verdict = sampler.verify(logits, conv.tokens, draft.tokens, None)
+            conv.commit(verdict.tokens, len(conv.tokens), hidden)
+            seconds = time.perf_counter() - t
+            tally.add_pass(0, 0, 0.0, seconds)
+            schedule.observe_plain(seconds)
+            yield verdict.tokens, [Kind.TARGET]
+            if not more():
+                return
     finally:
         schedule.end_plain_run()
 
