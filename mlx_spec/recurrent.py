@@ -117,13 +117,45 @@ def _fused_projections(layer, x):
     return qkv, z, b, a
 
 
+class RowsRecurrent:
+    """Layer i's RecurrentCaches of B conversations as one batch cache, for a single verify
+    pass (engine/batch.py): row r has lengths[r] real tokens, the rest of the batch's width is
+    padding. The layer runs the batch with padded steps masked out of the recurrence (the
+    state goes through them unchanged) and records into each row's own cache its own update:
+    its conv rows after its real tokens, its state, a replay over its own inputs."""
+
+    def __init__(self, caches: list[RecurrentCache], lengths: list[int]):
+        self.caches, self.lengths = caches, lengths
+
+    def real(self, width: int) -> mx.array:
+        """[B, width]: True at each row's real tokens."""
+        return mx.arange(width)[None] < mx.array(self.lengths)[:, None]
+
+
+def _rows_state(self, rows: RowsRecurrent, dtype) -> tuple[mx.array, mx.array | None]:
+    """The rows' states stacked (a row with none yet: zeros, as mlx-lm starts one)."""
+    n_keep = self.conv_kernel_size - 1
+    conv = [c[0] if c[0] is not None else mx.zeros((1, n_keep, self.conv_dim), dtype)
+            for c in rows.caches]
+    if all(c[1] is None for c in rows.caches):
+        return mx.concatenate(conv), None
+    shape = (1, self.num_v_heads, self.head_v_dim, self.head_k_dim)
+    state = [c[1] if c[1] is not None else mx.zeros(shape, mx.float32) for c in rows.caches]
+    return mx.concatenate(conv), mx.concatenate(state)
+
+
 def _gated_delta_forward(self, inputs: mx.array, mask=None, cache=None) -> mx.array:
-    if not isinstance(cache, RecurrentCache) or mask is not None:
+    rows = cache if isinstance(cache, RowsRecurrent) else None
+    if (rows is None and not isinstance(cache, RecurrentCache)) or mask is not None:
         return self._mlx_lm_call(inputs, mask, cache)
     B, S, _ = inputs.shape
     qkv, z, b, a = self._project(self, inputs)
     n_keep = self.conv_kernel_size - 1
-    conv_before, state_before = cache[0], cache[1]
+    if rows is not None:
+        conv_before, state_before = _rows_state(self, rows, inputs.dtype)
+        real = rows.real(S)  # padded steps leave the state as it is
+    else:
+        conv_before, state_before, real = cache[0], cache[1], None
     if conv_before is None:
         conv_before = mx.zeros((B, n_keep, self.conv_dim), dtype=inputs.dtype)
     conv_input = mx.concatenate([conv_before, qkv], axis=1)
@@ -140,38 +172,45 @@ def _gated_delta_forward(self, inputs: mx.array, mask=None, cache=None) -> mx.ar
     q, k = normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
     use_kernel = not self.training
 
-    def recur(m: int, state):
-        return gated_delta_update(q[:, :m], k[:, :m], v[:, :m], a[:, :m], b[:, :m], self.A_log,
-                                  self.dt_bias, state, None, use_kernel=use_kernel)
-
-    if _STRATEGY[0] == "capture" and S <= CAPTURE_MAX:
-        out, states = _capture(q, k, v, a, b, self.A_log, self.dt_bias, state_before, use_kernel)
+    capture = _STRATEGY[0] == "capture" and S <= CAPTURE_MAX
+    if capture:
+        out, states = _capture(q, k, v, a, b, self.A_log, self.dt_bias, state_before, use_kernel,
+                               real)
         state = states[-1]
-
-        def replay(m: int) -> list[Any]:
-            return [mx.contiguous(conv_input[:, m : m + n_keep]), states[m - 1]]
-
-        kept = conv_input.nbytes + sum(s.nbytes for s in states[:-1])
     else:
-        out, state = recur(S, state_before)
+        out, state = gated_delta_update(q, k, v, a, b, self.A_log, self.dt_bias, state_before,
+                                        real, use_kernel=use_kernel)
+    inputs_kept = (q, k, v, a, b)
+    for r, (c, n) in enumerate(zip(rows.caches, rows.lengths, strict=True) if rows
+                               else [(cache, S)]):
+        one = slice(r, r + 1)  # this row's own update, replayable on its own inputs
 
-        def replay(m: int) -> list[Any]:
-            return [mx.contiguous(conv_input[:, m : m + n_keep]), recur(m, state_before)[1]]
+        def replay(m: int, one=one) -> list[Any]:
+            conv = mx.contiguous(conv_input[one, m : m + n_keep])
+            if capture:
+                return [conv, states[m - 1][one]]
+            before = state_before[one] if state_before is not None else None
+            return [conv, gated_delta_update(*(t[one, :m] for t in inputs_kept), self.A_log,
+                                             self.dt_bias, before, None,
+                                             use_kernel=use_kernel)[1]]
 
-        kept = sum(t.nbytes for t in (conv_input, q, k, v, a, b))
-    cache.update([mx.contiguous(conv_input[:, -n_keep:]), state], S, replay, nbytes=kept)
+        kept = (conv_input[one].nbytes + sum(s[one].nbytes for s in states[:-1]) if capture
+                else sum(t[one].nbytes for t in (conv_input, *inputs_kept)))
+        c.update([mx.contiguous(conv_input[one, n : n + n_keep]), state[one]], n, replay,
+                 nbytes=kept)
     out = self.norm(out, z)
     return self.out_proj(out.reshape(B, S, -1))
 
 
-def _capture(q, k, v, a, b, A_log, dt_bias, state, use_kernel):
+def _capture(q, k, v, a, b, A_log, dt_bias, state, use_kernel, real=None):
     """The recurrence one step at a time, keeping the state after every step (what a capture
     kernel writes): rollback is then a lookup, at one state per layer per drafted token."""
     outs, states = [], []
     for t in range(q.shape[1]):
         y, state = gated_delta_update(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1],
                                       a[:, t : t + 1], b[:, t : t + 1], A_log, dt_bias, state,
-                                      None, use_kernel=use_kernel)
+                                      real[:, t : t + 1] if real is not None else None,
+                                      use_kernel=use_kernel)
         outs.append(y)
         states.append(state)
     return mx.concatenate(outs, axis=1), states

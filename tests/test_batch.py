@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import PROMPT, assert_same_or_near_tie, checked, run
+from published import build_pair, write_checkpoint
 from test_conversations import OTHER, drafter_of
 from test_engine_sampling import (
     CFG,
@@ -19,9 +20,10 @@ from test_engine_sampling import (
 from mlx_spec.drafters import DraftModelDrafter
 from mlx_spec.engine import Engine
 from mlx_spec.engine.batch import batchable, verify_together
-from mlx_spec.engine.turn import Verify
+from mlx_spec.engine.turn import Pause, Verify
 from mlx_spec.events import TurnEnd
-from mlx_spec.loading import load_target
+from mlx_spec.loading import load_target, make_drafter
+from mlx_spec.recurrent import rollback_strategy
 from mlx_spec.sampling import SamplingConfig
 
 PROMPTS = [PROMPT, OTHER, PROMPT[:5] + [3, 1, 4, 1, 5, 9, 2, 6], [7] * 3]
@@ -46,10 +48,14 @@ def lockstep(turns):
                     ends[i] = items[i]
                     break
                 items[i] = next(t)
-            if ends[i] is None:
+                if isinstance(items[i], Pause):  # a prefill chunk: the others' turn
+                    break
+            if ends[i] is None and isinstance(items[i], Verify):
                 waiting.append(i)
-        if not waiting:
+        if all(e is not None for e in ends):
             return ends, sizes
+        if not waiting:
+            continue
         sizes.append(len(waiting))
         results = verify_together([(items[i].conv, items[i].draft) for i in waiting])
         for i, result in zip(waiting, results, strict=True):
@@ -113,7 +119,7 @@ def test_a_seeded_sampled_turn_is_the_same_inside_a_batch(load):
         assert list(got.tokens) == list(want.tokens)
 
 
-def test_recurrent_and_quantized_caches_verify_one_at_a_time(load):
+def test_quantized_caches_verify_one_at_a_time(load):
     target, tok = load("qwen3")
     quantized = Engine(target, tok, None, kv_bits=8)
     assert not batchable([quantized.conversation(), quantized.conversation()])
@@ -164,3 +170,80 @@ def test_target_only_turns_batch_their_plain_steps(load, sampling):
         else:
             assert got.tokens == want.tokens
         assert got.stats.target_passes == want.stats.target_passes == 20
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory, tokenizer_dir):
+    """arch -> (target, tokenizer, its published nextn head as drafter), partly agreeing."""
+    made = {}
+
+    def get(arch):
+        if arch not in made:
+            model, head = build_pair(arch, agree=True, noise=0.15)
+            root = write_checkpoint(tmp_path_factory.mktemp(arch) / "m", arch, model, head,
+                                    tokenizer_dir)
+            target, tok = load_target(root)
+            made[arch] = target, tok, make_drafter("mtp", target, model_path=root)
+        return made[arch]
+
+    return get
+
+
+@pytest.mark.parametrize("strategy", ["replay", "capture"])
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next"])
+def test_hybrid_targets_batch_their_recurrent_state(hybrid, arch, strategy):
+    """Gated DeltaNet state in one pass: padded steps leave each row's state as it is, each
+    row rolls back its own update; every cache == a recompute, greedy == alone."""
+    target, tok, drafter = hybrid(arch)
+    engine = Engine(target, tok, drafter, draft_length=3)
+    with rollback_strategy(strategy):
+        alone = [run(engine.conversation(), prompt=p, max_tokens=24)[0] for p in PROMPTS]
+        convs = [engine.conversation() for _ in PROMPTS]
+        assert batchable(convs)
+        committed = [checked(c) for c in convs]
+        ends, sizes = lockstep(turns_of(convs, PROMPTS, max_tokens=24))
+    assert max(sizes) == len(PROMPTS)
+    for prompt, got, want in zip(PROMPTS, ends, alone, strict=True):
+        assert_same_or_near_tie(target, prompt, list(got.tokens), list(want.tokens))
+    rounds = min(len(c) for c in committed)
+    assert any(len({c[j] for c in committed}) > 1 for j in range(1, rounds))  # ragged
+
+
+def test_a_long_prefill_lets_running_rounds_through(load, monkeypatch):
+    """A conversation arriving with a long prompt prefills a chunk at a time: the running
+    one's rounds are verified between its chunks, and both equal their turns alone."""
+    from mlx_spec.engine import conversation
+
+    monkeypatch.setattr(conversation, "PREFILL_CHUNK", 8)
+    target, tok = load("qwen3")
+    engine = Engine(target, tok, drafter_of("ngram", target, load), draft_length=3)
+    long = (OTHER * 4)[:50]
+    alone = [run(engine.conversation(), prompt=p, max_tokens=24)[0] for p in (PROMPT[:6], long)]
+    convs = [engine.conversation() for _ in range(2)]
+    turns = turns_of(convs, [PROMPT[:6], long], max_tokens=24)
+    first = turns[0]
+    item = next(first)
+    while not isinstance(item, Verify):  # the short one is already running
+        item = next(first)
+    chunks = []
+    ends, sizes = lockstep([_resumed(first, item), _counting(turns[1], chunks)])
+    assert len(chunks) == 7  # 49 prompt tokens before the pending one, 8 at a time
+    assert sizes[:6] == [1] * 6 and max(sizes) == 2  # its rounds ran during the long prefill
+    for got, want in zip(ends, alone, strict=True):
+        assert got.tokens == want.tokens
+
+
+def _resumed(turn, item):
+    """A turn already advanced to `item`, as a generator from there."""
+    reply = yield item
+    while True:
+        reply = yield turn.send(reply)
+
+
+def _counting(turn, chunks):
+    reply = None
+    while True:
+        item = turn.send(reply)
+        if isinstance(item, Pause):
+            chunks.append(item.tokens)
+        reply = yield item

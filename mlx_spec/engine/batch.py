@@ -9,8 +9,9 @@ offset. So every row's logits are those of its conversation verified alone (up t
 kernels' rounding), and after the pass each conversation's caches are as its own verify would
 leave them: commit and rollback stay per conversation, ragged (each keeps its own prefix).
 
-Only attention caches batch (KVCache and the sliding WindowKVCache): recurrent layers and
-quantized KV verify one conversation at a time, still one pass each.
+Recurrent layers (Gated DeltaNet) batch through recurrent.RowsRecurrent: padded steps are masked
+out of the recurrence, and each row records its own update (its replay over its own inputs),
+so rollback stays per conversation too. Quantized KV verifies one conversation at a time.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from mlx_lm.models.cache import KVCache
 
 from ..cache import WindowKVCache
 from ..drafters import Draft
+from ..recurrent import RecurrentCache, RowsRecurrent
 
 if TYPE_CHECKING:
     from .conversation import Conversation
@@ -80,10 +82,20 @@ def _keys_after(cache: Any, q: int) -> int:
 
 
 def batchable(convs: list[Conversation]) -> bool:
-    """Can these conversations verify in one pass? Same weights, plain attention caches."""
+    """Can these conversations verify in one pass? Same weights, attention caches or
+    recurrent ones that record their updates (quantized KV does not batch)."""
     first = convs[0]
     return all(c.target is first.target and c.wants_hidden == first.wants_hidden
-               and all(type(x) in (KVCache, WindowKVCache) for x in c.cache) for c in convs)
+               and all(type(x) in (KVCache, WindowKVCache)
+                       or (type(x) is RecurrentCache and x.rollback) for x in c.cache)
+               for c in convs)
+
+
+def rows_of(caches: list[Any], lengths: list[int]) -> RowsCache | RowsRecurrent:
+    """Layer i of every row, as the batch cache of its kind."""
+    if isinstance(caches[0], RecurrentCache):
+        return RowsRecurrent(caches, lengths)
+    return RowsCache(caches, lengths)
 
 
 def verify_together(rounds: list[tuple[Conversation, Draft]]) -> list[Verified]:
@@ -97,7 +109,7 @@ def verify_together(rounds: list[tuple[Conversation, Draft]]) -> list[Verified]:
     width = max(lengths)
     x = mx.stack([mx.pad(t, [(0, width - t.shape[0])]) for t in inputs])
     layers = len(convs[0].cache)
-    caches = [RowsCache([c.cache[i] for c in convs], lengths) for i in range(layers)]
+    caches = [rows_of([c.cache[i] for c in convs], lengths) for i in range(layers)]
     logits, hidden = convs[0].target.forward_rows(x, caches, hidden=convs[0].wants_hidden)
     return [conv.verified(q, draft, logits[r, :q], hidden[r, :q] if hidden is not None else None)
             for r, ((conv, draft), q) in enumerate(zip(rounds, lengths, strict=True))]

@@ -29,7 +29,7 @@ from ..sampling import Sampler, SamplingConfig, Tokens
 from ..spec import DraftLength, check_draft_length, max_draft_for
 from .adaptive import AdaptiveDraftLength
 from .batch import Verified
-from .turn import Verify, play
+from .turn import Pause, Verify, play
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -126,6 +126,16 @@ class Conversation:
         """Make the cache hold prompt[:-1], reusing the longest prefix already cached.
 
         Returns how many prompt tokens were reused."""
+        chunks = self.prefill_chunks(prompt)
+        while True:
+            try:
+                next(chunks)
+            except StopIteration as done:
+                return done.value
+
+    def prefill_chunks(self, prompt: list[int]) -> Generator[int, None, int]:
+        """`prefill`, yielding after each chunk (its token count), so a driver of several
+        conversations can run others' rounds between them; returns the reused count."""
         reuse = min(_common_prefix(self.tokens, prompt), len(prompt) - 1, self.cached)
         want_hidden = self.wants_hidden
         # a hidden-state drafter next reads the row of the last reused position (the one that
@@ -147,6 +157,7 @@ class Conversation:
             mx.eval([c.state for c in self.cache] + ([h] if h is not None else []))
             if h is not None:
                 hidden.append(h)
+            yield len(chunk)
         if self.drafter is not None:
             h = mx.concatenate(hidden) if hidden else None
             self.drafter.commit(self.drafter_state, self._context(h, start), reuse)
@@ -280,16 +291,17 @@ class Conversation:
         with closing(play(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
                           ignore_eos=ignore_eos)) as steps:
             for event in steps:  # (a Verify answered by next(): the round verifies alone)
-                if not isinstance(event, Verify):
+                if not isinstance(event, Verify | Pause):
                     yield event
 
     def steps(self, prompt: list[int], *, max_tokens: int = 256,
               sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-              ignore_eos: bool = False) -> Generator[Event | Verify, Verified | None, None]:
+              ignore_eos: bool = False) -> Generator[Event | Verify | Pause, Verified | None, None]:
         """`generate`, with each pass left to the caller: before it, a Verify is yielded;
         send back its (logits, hidden) from batch.verify_together (several conversations, one
         pass), or None (or iterate) to let it run alone. Plain tokens (speculation off, or no
-        drafter) come as rounds of no drafts, so they batch too (not pipelined)."""
+        drafter) come as rounds of no drafts, so they batch too (not pipelined); a Pause after
+        each prefill chunk lets the driver run other conversations in between."""
         return play(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
                     ignore_eos=ignore_eos, rounds_only=True)
 

@@ -45,6 +45,14 @@ class Verify:
     draft: Draft
 
 
+@dataclass(frozen=True)
+class Pause:
+    """A prefill chunk is done (only `Conversation.steps` yields these): a driver of several
+    conversations may run the others' rounds before the next chunk."""
+
+    tokens: int
+
+
 @dataclass
 class _Turn:
     """A turn in progress: what it emitted, when, and its tallies."""
@@ -63,8 +71,9 @@ class _Turn:
 def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
          sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
          ignore_eos: bool = False, rounds_only: bool = False
-         ) -> Generator[Event | Verify, Verified | None, None]:
-    """Conversation.steps (rounds_only: plain tokens too go through Verify) / generate."""
+         ) -> Generator[Event | Verify | Pause, Verified | None, None]:
+    """Conversation.steps (rounds_only: plain tokens too go through Verify, and the prefill
+    pauses between chunks) / generate."""
     check_prompt(conv, prompt)
     sampler = Sampler(sampling or SamplingConfig())
     policy = conv.policy = conv.policy_for(sampler.cfg.greedy)
@@ -74,7 +83,16 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
     decoder = IncrementalDecoder(conv.tokenizer)
     mx.reset_peak_memory()
     t0 = time.perf_counter()
-    reused = conv.prefill(prompt)
+    if rounds_only:
+        chunks = conv.prefill_chunks(prompt)
+        while True:
+            try:
+                yield Pause(next(chunks))
+            except StopIteration as done:
+                reused = done.value
+                break
+    else:
+        reused = conv.prefill(prompt)
     prefill_s = time.perf_counter() - t0
     turn = _Turn(max_tokens, t0, _tally(conv.max_draft))
 

@@ -1,13 +1,13 @@
 """Several requests at once on one engine: each request is a Conversation of its own beside the
 engine's weights, and one engine thread runs them all in cycles. A cycle advances every running
 request to its next verify pass (drafting on its own drafter state, emitting the tokens its last
-round committed; a request in a plain run takes one step), then runs ONE target pass over every
+round committed; a request in its prefill takes one chunk), then runs ONE target pass over every
 waiting round (engine/batch.py: each row commits its own accepted prefix). Requests join and
 leave between cycles, so speculation stays on for each (its own drafter state, its own policy,
 its own random stream) while the verify is shared.
 
-Not yet: a new request's prefill runs whole inside a cycle (running streams wait for it), and
-the draft length sees the batch only through each round's measured time.
+A new request's prefill takes one chunk per cycle, so running streams keep flowing meanwhile.
+Not yet: the draft length sees the batch only through each round's measured time.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from ..engine import Engine
 from ..engine.batch import Verified, batchable, verify_together
-from ..engine.turn import Verify
+from ..engine.turn import Pause, Verify
 from ..events import Event, Kind, TokenEvent, TurnEnd
 from ..sampling import SamplingConfig
 from .metrics import Metrics
@@ -163,6 +163,8 @@ class Scheduler:
             if isinstance(item, Verify):
                 run.item = item
                 return True
+            if isinstance(item, Pause):
+                return True  # a prefill chunk ran: the others' turn before the next
             if not self._hand(job, item):
                 return False
             if isinstance(item, TokenEvent) and item.kind is Kind.TARGET:
@@ -177,7 +179,7 @@ class Scheduler:
         self._arrived.clear()
         engine.calibrate(stop=self._arrived)
 
-    def _start(self, job: Job) -> Generator[Event | Verify, Verified | None, None]:
+    def _start(self, job: Job) -> Generator[Event | Verify | Pause, Verified | None, None]:
         conv = self.engine.conversation()
         return conv.steps(job.prompt, max_tokens=job.max_tokens, sampling=job.sampling,
                           stop=job.stop)
@@ -204,6 +206,6 @@ class _Running:
     """A running request: its turn, and what the turn waits for (its Verify, then its reply)."""
 
     job: Job
-    turn: Generator[Event | Verify, Verified | None, None]
+    turn: Generator[Event | Verify | Pause, Verified | None, None]
     item: Verify | None = None
     reply: Verified | None = None
