@@ -24,7 +24,9 @@ import math
 from collections.abc import Sequence
 
 OPENING_PLAIN = 2  # plain tokens a policy on a prior opens with (see AdaptiveDraftLength.opening)
-OPENING_LEAD = 1.25  # ... unless speculation leads plain decoding by this much at p = c(1)
+# ... owed until speculation's lead would hold even if plain decoding cost this share of its
+# bound c(1) (pipelined, it reads 0.72 of a synced one-token pass on the demo q8, ~0.9 on f32)
+PLAIN_FLOOR = 0.7
 
 
 class AdaptiveDraftLength:
@@ -42,7 +44,7 @@ class AdaptiveDraftLength:
         """measured: False when the costs are a prior (not calibrated on this target): then the
         policy opens with rounds timed in parts, whose verify passes replace the prior's scale
         and, once two lengths are timed, its shape (see `_learn_shape`), and a short plain run
-        that sets T(0) outright, skipped where speculation clearly leads (see `opening`)."""
+        that sets T(0) outright once measuring it could matter (see `opening`)."""
         self.measured = measured
         self.costs = tuple(verify_costs)
         # on a prior: its shape as a slope per token relative to c(1), and the split rounds'
@@ -264,10 +266,9 @@ class AdaptiveDraftLength:
             self.accepted[i] += i < n
             self.seen[i] += 1
         self.opening_rounds += self.opening_due
-        if self.opening_due and (self.shaped or self.opening_rounds >= 3):
-            self.opening_due = False
-            if not self.shaped or self._lead() < OPENING_LEAD:
-                self.plain_left = OPENING_PLAIN
+        if self.opening_due and (not self.shaped and self.opening_rounds >= 3
+                                 or self.shaped and PLAIN_FLOOR * self._lead() < 1):
+            self.opening_due, self.plain_left = False, OPENING_PLAIN
 
     def observe_plain(self, seconds: float, tokens: int = 1) -> None:
         """A run of plain decoding took `seconds` for its `tokens` tokens, its first step
@@ -279,6 +280,7 @@ class AdaptiveDraftLength:
         made plain decoding look 1.5× cheaper."""
         if tokens <= 0:
             return
+        self.opening_due = False  # T(0) is measured now
         if not self.plain_timed and not self.measured:  # a prior's scale: replace it
             self.plain_drift = seconds / tokens / self.plain_cost
         self.plain_timed = True
@@ -330,22 +332,25 @@ class AdaptiveDraftLength:
             self.plain_cost = min(self.plain_cost, self.slowdown * self.costs[0])
 
     def _lead(self) -> float:
-        """How far speculation leads plain decoding, as the estimates now read:
-        max_k (E(k)/T(k)) · T(0)."""
-        cost, expected = self.round_costs(self.k_max), self._expected(self.alphas())
+        """How far speculation leads plain decoding, read as the on/off decision reads it
+        (α one standard error high while on): max_k (E(k)/T(k)) · T(0)."""
+        cost, alphas = self.round_costs(self.k_max), self.alphas()
+        expected = self._expected(self.optimistic(alphas) if self.on else alphas)
         return max(expected[k] / cost[k] for k in range(1, self.k_max + 1)) * cost[0]
 
     def opening(self) -> None:
         """On a prior: the first drafting rounds are timed in parts (the first verify pass
         scales the prior to measured seconds, and brings the turn's first token: no pass is
-        spent before it; the next, at another length, gives c its measured shape), then
-        OPENING_PLAIN plain tokens, timed whole (they set r0 outright), unless speculation
-        leads by OPENING_LEAD with T(0) read at its bound c(1): there the plain tokens would
-        only cost time (2 plain passes for 2 tokens, ~2% of a 96-token turn drafting 4 a
-        pass) and T(0) cannot flip the choice. Where the lead is thin or negative (a
-        quantized target on a CPU, whose cost grows linearly), T(k) and T(0) are both
-        measured where the next choice is made, so the prior cannot keep speculation on
-        where it loses; the fitted line takes over from there."""
+        spent before it; the next, at another length, gives c its measured shape). Then
+        OPENING_PLAIN plain tokens, timed whole (they set r0 outright), as soon as measuring
+        T(0) could matter: when speculation would no longer lead if plain decoding cost
+        only PLAIN_FLOOR of its bound c(1). Until then they would only cost time (2 passes
+        for 2 tokens, ~2% of a 96-token turn drafting 4 a pass, on the hybrid bench target)
+        and T(0) could not flip the choice. Where the lead is thin or negative (a quantized
+        target on a CPU, whose cost grows linearly), they come at once, so T(k) and T(0) are
+        both measured where the next choice is made and the prior cannot keep speculation
+        on where it loses; the fitted line takes over from there. A plain run timed
+        otherwise (speculation switched off) settles them too."""
         self.opening_due = True
 
     def recalibrate(self, verify_costs: Sequence[float], plain_cost: float) -> None:
