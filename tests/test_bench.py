@@ -72,3 +72,63 @@ def test_mirrored_runs_each_side_twice_in_mirrored_order():
     runs = mirrored(sides, pairs=2)
     assert order == list("abccba" * 2)
     assert runs[0] == [(1, 6), (2, 5), (3, 4)]
+
+
+def test_serve_group_streams_our_sides_and_reports_the_goals(tmp_path):
+    from mlx_spec.bench.serve import ServeConfig, bench_serve
+    from mlx_spec.bench.serve_clients import healthy
+
+    assert build_parser().parse_args(["bench", "--group", "serve"]).group == "serve"
+    assert GROUPS["serve"] is bench_serve
+    tiny = BenchConfig(hidden=256, layers=5, ffn=640, num_draft=2)
+    serve = ServeConfig(concurrency=(1, 2), max_tokens=6, pairs=1, overhead_pairs=1,
+                        warmup_tokens=2, timeout_s=60, mlx_lm=False)  # mlx-lm: the next test
+    result = bench_serve(tiny, tmp_path, log=lambda s: None, serve=serve)
+    keys = {"spec", "plain", "draft"}
+    assert {s["key"] for s in result["sides"]} == keys
+    assert not [s["url"] for s in result["sides"] if healthy(s["url"])]  # all closed
+    assert result["greedy"] == {"streams": 3 * len(keys), "differ": []}
+    for level in result["levels"].values():
+        sides = level["sides"]
+        assert all(0 < sides[k]["tokens_per_stream"] <= 6 and sides[k]["tok_s"] > 0
+                   for k in keys)
+        assert sides["spec"]["drafted_per_pass"] > 0 and sides["plain"]["acceptance"] is None
+        assert set(level["ratios"]) == {"spec ÷ plain", "draft ÷ plain"}
+        assert all(len(p["pairs"]) == 1 for p in level["ratios"].values())
+    assert sides["plain"]["rounds_per_pass"] >= 1  # the server's verify counters were read
+    assert [g["goal"] for g in result["goals"]] == [
+        "(a) ÷ max((a), (b)) at 1 stream(s)", "(a) ÷ max((a), (b)) at 2 stream(s)",
+        "(a) ÷ (b) at 1 stream(s)", "(a) ÷ (b) at 2 stream(s)",
+        "(a) served ÷ generate, tok/s at 1 stream"]
+    assert set(result["overhead"]) == {"spec", "plain"}
+    md = (tmp_path / "BENCH-serve.md").read_text()
+    assert "| (a) ours mtp auto | 2 |" in md and "## The issue's goals" in md
+    assert "the mlx-lm sides were not run" in md
+    plain = next(line for line in md.splitlines() if line.startswith("| (b) ours target-only"))
+    assert plain.endswith("| 0.00 | – |")  # nothing drafted: no acceptance, never a 0%
+
+
+def test_a_subprocess_server_is_stopped_on_the_way_out(tmp_path):
+    import sys
+
+    import pytest
+
+    from mlx_spec.bench.serve_clients import free_ports, healthy, launched, wait_ready
+
+    port, other = free_ports(2)
+    url, log = f"http://127.0.0.1:{port}", tmp_path / "server.log"
+    health = ("import http.server as h, sys\n"
+              "class H(h.BaseHTTPRequestHandler):\n"
+              "    def do_GET(self):\n"
+              "        self.send_response(200); self.end_headers()\n"
+              "h.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+    with pytest.raises(RuntimeError, match="the bench failed"):
+        with launched([sys.executable, "-c", health, str(port)], log) as proc:
+            wait_ready(proc, url, 30, log)
+            assert healthy(url)
+            raise RuntimeError("the bench failed")
+    assert proc.poll() is not None and not healthy(url)
+    gone = [sys.executable, "-c", "print('no such model'); raise SystemExit(3)"]
+    with launched(gone, log) as proc:  # it exits before it answers: fails with its output
+        with pytest.raises(RuntimeError, match="exit 3.*no such model"):
+            wait_ready(proc, f"http://127.0.0.1:{other}", 30, log)

@@ -6,6 +6,8 @@
 * parity.py — ABBA ratios for what single rows cannot settle;
 * hybrid.py — the hybrid-target rows and the rollback comparison;
 * published.py — the Gemma 4 assistant and EAGLE-3 rows (constructed pairs);
+* serve.py — `--group serve`: concurrent streaming clients against our server and
+  mlx_lm.server (serve_clients.py: the clients and the subprocess; serve_report.py: the file);
 * vocab.py — the sampler's cost at a real vocabulary size;
 * widen.py — function-preserving widening (the bench's memory-bound targets);
 * evaluate.py — acceptance of the demo drafters (`python -m mlx_spec.bench.evaluate`);

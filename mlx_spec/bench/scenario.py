@@ -44,6 +44,7 @@ from .runners import (
     timed_calibration,
     verify_costs,
 )
+from .serve import bench_serve
 from .vocab import vocabulary_cost
 from .widen import parameter_count, quantized
 
@@ -356,7 +357,8 @@ def bench_first_turn(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str,
     return result
 
 
-GROUPS = {"all": bench, "published": bench_published, "first-turn": bench_first_turn}
+GROUPS = {"all": bench, "published": bench_published, "first-turn": bench_first_turn,
+          "serve": bench_serve}
 
 
 def cmd_bench(args) -> int:
