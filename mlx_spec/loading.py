@@ -148,9 +148,11 @@ def _ngram():
 
 def _draft_model(target: TargetModel, draft_model):
     """--draft-model DIR: whatever drafter the directory holds, told apart by its config — a
-    Gemma 4 assistant, an EAGLE-3 head, an MTP head (ours or a sidecar), else a plain LM."""
+    Gemma 4 assistant, an EAGLE-3 head, a DFlash block drafter, an MTP head (ours or a
+    sidecar), else a plain LM."""
     from .drafters import DraftModelDrafter
     from .drafters.assistant import is_assistant, load_assistant
+    from .drafters.dflash import is_dflash, load_dflash
     from .drafters.eagle3 import is_eagle3, load_eagle3
     from .drafters.mtp import load_mtp_drafter
 
@@ -161,6 +163,8 @@ def _draft_model(target: TargetModel, draft_model):
         return load_assistant(path, target)
     if is_eagle3(path):
         return load_eagle3(path, target)
+    if is_dflash(path):
+        return load_dflash(path, target)
     if (path / "mtp_config.json").exists() or nextn.is_sidecar(path):
         return load_mtp_drafter(path, target)
     draft, _ = load_target(path)

@@ -10,6 +10,7 @@ from mlx_lm.models.base import create_causal_mask
 from mlx_spec import cache as kv
 from mlx_spec.cache import RecurrentCache, WindowKVCache
 from mlx_spec.drafters import DraftModelDrafter
+from mlx_spec.drafters.dflash import DFlashDrafter, stored
 from mlx_spec.drafters.mtp import MTPDrafter
 from mlx_spec.engine import Engine
 from mlx_spec.events import TurnEnd
@@ -54,6 +55,15 @@ def checked(conv):
                 assert_head_cache_equals_recompute(d, s, conv.tokens)
         elif isinstance(d, DraftModelDrafter):
             assert_cache_equals_recompute(d.model, s.cache, conv.tokens[: s.cached])
+        elif isinstance(d, DFlashDrafter):  # one context entry per committed position
+            _, taps = conv.target.forward(committed, kv.make_cache(conv.target.model),
+                                          hidden=d.needs_hidden)
+            fresh = d.new_state()
+            d.head.extend(fresh.context, taps)
+            assert s.cached == len(committed)
+            for mine, want in zip(s.context, fresh.context, strict=True):
+                for a, b in zip(stored(mine), stored(want), strict=True):
+                    np.testing.assert_allclose(np.array(a), np.array(b), atol=2e-4, rtol=1e-3)
 
     conv.commit = commit
     return rounds
