@@ -27,7 +27,7 @@ def block_logits(w, raw: dict, taps, block_emb, head_w, final_norm_eps=None):
         p = f"layers.{i}."
         x = rms_norm(h, w[p + "input_layernorm.weight"], eps)
 
-        def proj(name, t, n):
+        def proj(name, t, n, p=p):
             return (t @ w[p + f"self_attn.{name}.weight"].T).reshape(t.shape[0], n, hd)
 
         q = rms_norm(proj("q_proj", x, heads), w[p + "self_attn.q_norm.weight"], eps)
