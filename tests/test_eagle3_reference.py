@@ -87,12 +87,13 @@ def made(torch, target_dir, tmp_path_factory):
     return get
 
 
-def randomize(torch, model) -> None:
+def randomize(torch, model, keep: tuple[str, ...] = ("embed_tokens", "verifier_")) -> None:
     """Weights big enough that attention is far from uniform (the window then matters) and
-    every norm's weight away from 1 (so a norm applied or skipped shows)."""
+    every norm's weight away from 1 (so a norm applied or skipped shows); `keep`: the
+    verifier's own copies, left as loaded."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.startswith(("embed_tokens", "verifier_")):
+            if name.startswith(keep):
                 continue
             if p.dim() == 1:
                 p.copy_(torch.empty_like(p).uniform_(0.5, 2.0))

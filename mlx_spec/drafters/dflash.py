@@ -114,6 +114,9 @@ def refuse_unknown(raw: dict, layer: dict) -> None:
     if raw.get("draft_vocab_size") not in (None, layer.get("vocab_size")):
         raise ModelLoadError("DFlash drafters with a reduced draft vocabulary are not "
                              "supported")
+    if raw.get("sample_from_anchor"):
+        raise ModelLoadError("DFlash drafters that sample from the anchor (sample_from_anchor) "
+                             "are not supported")
     if "mask_token_id" not in raw and "mask_token_id" not in extra:
         raise ModelLoadError("this DFlash config names no mask_token_id")
 
@@ -194,15 +197,21 @@ class Layer(nn.Module):
 
 class DFlashHead(nn.Module):
     """The checkpoint's module tree: fc, hidden_norm, layers, norm (embeddings and the head
-    are the target's)."""
+    are the target's unless the checkpoint has its own)."""
 
-    def __init__(self, cfg: DFlashConfig, target_hidden: int):
+    def __init__(self, cfg: DFlashConfig, target_hidden: int, *, own: tuple[str, ...] = ()):
+        """own: "embed_tokens" / "lm_head" where the checkpoint carries its own (speculators
+        saves copies; z-lab's checkpoints read the target's)."""
         super().__init__()
         self.cfg = cfg
         self.fc = nn.Linear(len(cfg.taps) * target_hidden, cfg.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.layers = [Layer(cfg) for _ in range(cfg.num_layers)]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        if "embed_tokens" in own:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        if "lm_head" in own:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def extend(self, context: list[KVCache], taps: mx.array) -> None:
         """Append positions' entries: taps [m, n·D] of the next m committed positions."""
@@ -283,9 +292,11 @@ class DFlashDrafter:
         k = min(k, self.max_k)
         if k <= 0 or state.cached != P:
             return Draft()
-        block = mx.array([ctx.tokens[-1]] + [self.cfg.mask_token_id] * k)
-        out = self.head.block(self.target.embed(block[None]), state.context)
-        logits = self.target.head(out)[0, 1:]  # slot i: the token at P + i
+        block = mx.array([ctx.tokens[-1]] + [self.cfg.mask_token_id] * k)[None]
+        embed = self.head.embed_tokens if "embed_tokens" in self.head else self.target.embed
+        out = self.head.block(embed(block), state.context)
+        head = self.head.lm_head if "lm_head" in self.head else self.target.head
+        logits = head(out)[0, 1:]  # slot i: the token at P + i
         seen = (mx.array(ctx.tokens[-sampler.cfg.repetition_context :], dtype=mx.int32)
                 if sampler.uses_history else [])
         tokens, probs = [], []
@@ -308,9 +319,9 @@ def load_dflash(path: str | Path, target: TargetModel) -> DFlashDrafter:
         cfg = DFlashConfig.from_dict(json.loads((path / "config.json").read_text()))
         check_fits(cfg, target)
         weights = {k.removeprefix("model."): v for k, v in read_safetensors(path).items()
-                   if not k.startswith(("embed_tokens", "lm_head", "rotary_emb", "verifier_",
-                                        "d2t", "t2d"))}
-        head = DFlashHead(cfg, target.hidden_size)
+                   if not k.startswith(("rotary_emb", "verifier_", "d2t", "t2d"))}
+        own = tuple(m for m in ("embed_tokens", "lm_head") if f"{m}.weight" in weights)
+        head = DFlashHead(cfg, target.hidden_size, own=own)
         load_exactly(head, weights, f"DFlash drafter {path}")
     return DFlashDrafter(head, target)
 
