@@ -98,6 +98,37 @@ def checkpoint_prefix(config: dict[str, Any]) -> str | None:
     return lay.prefix(SimpleNamespace(**text))
 
 
+def gemma4_text(text: dict[str, Any]) -> dict[str, Any]:
+    """A Gemma 4 text config as mlx-lm reads it. transformers 5.23+ saves the full-attention
+    layers' head size (and KV heads) only as per-layer overrides, `per_layer_config` {layer:
+    {"head_dim", "num_key_value_heads"}}, with no top-level `global_head_dim`; mlx-lm would
+    then take its default (512) and fail on the first full-attention q_proj."""
+    per = text.get("per_layer_config") or {}
+    if not per or "global_head_dim" in text:
+        return text
+    types = text.get("layer_types") or []
+    full = [v for k, v in per.items()
+            if int(k) < len(types) and types[int(k)] == "full_attention"] or list(per.values())
+    out = dict(text)
+    for key, theirs in (("global_head_dim", "head_dim"),
+                        ("num_global_key_value_heads", "num_key_value_heads")):
+        values = {v[theirs] for v in full if v.get(theirs) is not None}
+        if len(values) == 1 and key not in text:
+            out[key] = values.pop()
+    return out
+
+
+def mlx_lm_overrides(config: dict[str, Any]) -> dict[str, Any] | None:
+    """What a config.json needs changed before mlx-lm reads it (None: nothing)."""
+    kind = config.get("model_type")
+    if kind == "gemma4_text" and (fixed := gemma4_text(config)) is not config:
+        return fixed
+    text = config.get("text_config")
+    if kind == "gemma4" and text and (fixed := gemma4_text(text)) is not text:
+        return {"text_config": fixed}
+    return None
+
+
 # -- finding the tensors -------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from .drafters import nextn
 from .errors import ModelLoadError, first_line
 from .kinds import DRAFTERS
+from .layouts import mlx_lm_overrides
 from .model import TargetModel
 from .spec import MAX_DRAFT, LoadSpec
 
@@ -22,7 +23,9 @@ def load_target(path_or_repo: str | Path, *, lazy: bool = False) -> tuple[Target
     _check_model_dir(local)
     source = str(local)
     try:
-        model, tokenizer, config = load(source, return_config=True, lazy=lazy)
+        overrides = mlx_lm_overrides(json.loads((local / "config.json").read_text()))
+        model, tokenizer, config = load(source, return_config=True, lazy=lazy,
+                                        model_config=overrides or {})
     except ModelLoadError:
         raise
     except Exception as e:  # mlx-lm raises many kinds; the user needs one line

@@ -245,3 +245,33 @@ def test_quantized_kv_cache_is_refused_in_one_line(pair):
     target, tok, drafter = pair("agree")
     with pytest.raises(UnsupportedModelError, match="kv-bits"):
         conversation(target, tok, drafter, draft_length=4, kv_bits=8)
+
+
+def test_configs_with_per_layer_head_sizes_load(tmp_path, pair_dir):
+    """transformers 5.23+ writes the full-attention head size (and KV heads) only inside
+    `per_layer_config`, no top-level `global_head_dim`: target and assistant still load (the
+    error was 'Expected shape (…) but received (…) for …q_proj'), and the known-answer pair
+    is still always accepted."""
+    import shutil
+
+    from mlx_spec.loading import load_target, make_drafter
+
+    def per_layer(text: dict) -> dict:
+        out = {k: v for k, v in text.items() if k != "global_head_dim"}
+        out["per_layer_config"] = {str(i): {"head_dim": text["global_head_dim"]}
+                                   for i, t in enumerate(text["layer_types"])
+                                   if t == "full_attention"}
+        return out
+
+    dirs = []
+    for src in pair_dir("agree"):
+        out = tmp_path / src.name
+        shutil.copytree(src, out)
+        raw = json.loads((out / "config.json").read_text())
+        raw["text_config"] = per_layer(raw["text_config"])
+        (out / "config.json").write_text(json.dumps(raw))
+        dirs.append(out)
+    target, tok = load_target(dirs[0])
+    drafter = make_drafter("draft", target, draft_model=dirs[1])
+    end, _ = run(conversation(target, tok, drafter, draft_length=3), max_tokens=24)
+    assert end.stats.drafted > 0 and end.stats.accepted == end.stats.drafted

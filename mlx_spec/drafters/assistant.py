@@ -36,6 +36,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import gemma4_text
 
 from ..errors import ModelLoadError, TokenizerMismatchError
+from ..layouts import gemma4_text as normalized_text
 from ..model import TargetModel
 from ..sampling import Sampler
 from .base import Draft, DraftContext, draft_chain
@@ -58,7 +59,7 @@ class AssistantConfig:
     @classmethod
     def from_dir(cls, path: Path) -> AssistantConfig:
         raw = json.loads((path / "config.json").read_text())
-        text = dict(raw.get("text_config") or {})
+        text = dict(normalized_text(raw.get("text_config") or {}))
         # every layer reads the target's K/V (transformers sets this when the config omits it)
         text["num_kv_shared_layers"] = text.get("num_hidden_layers", 4)
         text.setdefault("hidden_size_per_layer_input", 0)
