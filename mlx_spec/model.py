@@ -81,20 +81,32 @@ class TargetModel:
         return self.head(h), h
 
     def _run_tapped(self, x: mx.array, cache: list[Any] | None, taps: tuple[int, ...]):
-        """The backbone's own loop (llama-style: embed, layers, norm), keeping the input of
-        each tapped layer (index len(layers): the last layer's output, before the norm)."""
-        from mlx_lm.models.base import create_attention_mask
-
+        """The backbone's own loop (embed, layers, norm: llama-style, or a hybrid's with its
+        attention and recurrent masks), keeping the input of each tapped layer (index
+        len(layers): the last layer's output, before the norm)."""
         bb = self.backbone
         h = bb.embed_tokens(x)
         cache = cache or [None] * len(bb.layers)
-        mask = create_attention_mask(h, cache[0])
+        masks = self._masks(h, cache)
         seen: dict[int, mx.array] = {}
-        for i, (layer, c) in enumerate(zip(bb.layers, cache, strict=True)):
+        for i, (layer, c, mask) in enumerate(zip(bb.layers, cache, masks, strict=True)):
             seen[i] = h
             h = layer(h, mask, cache=c)
         seen[len(bb.layers)] = h
         return bb.norm(h), [seen[i] for i in taps]
+
+    def _masks(self, h: mx.array, cache: list[Any]) -> list[Any]:
+        """Each layer's mask, as the backbone's own forward builds them: one causal mask, or
+        (Qwen3.5 / Qwen3-Next hybrids) the full-attention one and the recurrent layers'."""
+        from mlx_lm.models.base import create_attention_mask, create_ssm_mask
+
+        bb = self.backbone
+        if not all(hasattr(layer, "is_linear") for layer in bb.layers):
+            return [create_attention_mask(h, cache[0])] * len(bb.layers)
+        fa, ssm = getattr(bb, "fa_idx", None), getattr(bb, "ssm_idx", None)
+        fa_mask = create_attention_mask(h, cache[fa]) if fa is not None else None
+        ssm_mask = create_ssm_mask(h, cache[ssm]) if ssm is not None else None
+        return [ssm_mask if layer.is_linear else fa_mask for layer in bb.layers]
 
     def exposes_taps(self, taps: tuple[int, ...]) -> bool:
         """True if the tapped loop reproduces the model's own logits (its layers are plain)."""

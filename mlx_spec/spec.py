@@ -44,9 +44,15 @@ def check_draft_length(k: object) -> None:
         raise MlxSpecError(f"draft length must be 1..{MAX_DRAFT} or 'auto', got {k!r}")
 
 
-def max_draft_for(k: DraftLength) -> int:
+def auto_ceiling(drafter: object) -> int:
+    """The longest draft `auto` may choose with this drafter: AUTO_MAX_DRAFT, or a block
+    drafter's own block when longer (DFlash: block_size - 1, its `max_k`)."""
+    return max(AUTO_MAX_DRAFT, min(MAX_DRAFT, getattr(drafter, "max_k", 0) or 0))
+
+
+def max_draft_for(k: DraftLength, ceiling: int = AUTO_MAX_DRAFT) -> int:
     """The longest draft a round may use: k itself when fixed, auto's ceiling otherwise."""
-    return AUTO_MAX_DRAFT if k == "auto" else int(k)
+    return ceiling if k == "auto" else int(k)
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,16 @@ CONSTANT = 17
 IDS = [1, 4, 6]  # z-lab's target_layer_ids: outputs of those layers (inputs of 2, 5, 7)
 
 
-def config(*, window: int = 6, layers: int = 2, block: int = 16, causal=None) -> dict:
+def config(*, window: int = 6, layers: int = 2, block: int = 16, causal=None, ids=IDS,
+           target_layers: int = LAYERS) -> dict:
     types = ["sliding_attention"] * (layers - 1) + ["full_attention"]
     out = dict(architectures=["DFlashDraftModel"], model_type="qwen3", hidden_size=64,
                num_hidden_layers=layers, intermediate_size=96, num_attention_heads=2,
                num_key_value_heads=1, head_dim=32, rms_norm_eps=1e-5, vocab_size=VOCAB,
                rope_theta=10000.0, layer_types=types, sliding_window=window,
-               tie_word_embeddings=True, num_target_layers=LAYERS, hidden_act="silu",
-               dflash_config=dict(block_size=block, mask_token_id=MASK, target_layer_ids=IDS))
+               tie_word_embeddings=True, num_target_layers=target_layers, hidden_act="silu",
+               dflash_config=dict(block_size=block, mask_token_id=MASK,
+                                  target_layer_ids=list(ids)))
     if causal is not None:
         out["is_causal"] = causal
     return out

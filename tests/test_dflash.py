@@ -23,6 +23,7 @@ from dflash import (
 from eagle3 import VOCAB
 from helpers import assert_same_or_near_tie, checked, conversation, loaded_pairs, open_chat, run
 from mlx.utils import tree_flatten
+from published import build_pair, write_checkpoint
 from reference import dflash as ref
 from test_engine_sampling import assert_both_paths_taken, chi2_pvalue, sample_pairs, target_joint
 
@@ -38,10 +39,17 @@ PROMPT = [int(x) for x in np.random.default_rng(3).integers(0, VOCAB - 1, 20)]
 @pytest.fixture(scope="module")
 def pair_dir(tmp_path_factory, tokenizer_dir):
     """kind -> (target dir, drafter dir): random (window 6, sliding layer causal), open (the
-    z-lab `is_causal: false`), agree (known answer), soft (agree, with a softer target)."""
+    z-lab `is_causal: false`), agree (known answer), soft (agree, with a softer target),
+    hybrid (a Qwen3.5 hybrid target)."""
     root, made = tmp_path_factory.mktemp("dflash"), {}
 
     def get(kind: str):
+        if kind == "hybrid" and kind not in made:  # z-lab's own case: a Qwen3.5 hybrid target
+            model, mtp = build_pair("qwen3_5")
+            raw = config(ids=[0, 1, 2], target_layers=4)
+            made[kind] = (write_checkpoint(root / "hybrid-target", "qwen3_5", model, mtp,
+                                           tokenizer_dir),
+                          write_head(root / "hybrid-drafter", build_head(raw, seed=2), raw))
         if kind not in made:
             agree = kind in ("agree", "soft")
             model = build_target(agree=agree)
@@ -107,9 +115,12 @@ def test_known_answer_block_is_always_accepted(pair, k):
     assert end.stats.drafted >= k and end.stats.accepted == end.stats.drafted, end.stats
 
 
+@pytest.mark.parametrize("kind", ["random", "hybrid"])  # plain and Gated DeltaNet targets
 @pytest.mark.parametrize("k", [1, 7, 15])  # block lengths 2, 8, 16
-def test_greedy_identity_and_context_equals_recompute(pair, k):
-    target, tok, drafter = pair("random")
+def test_greedy_identity_and_context_equals_recompute(pair, kind, k):
+    """Every round rolls the target back to its accepted prefix (a hybrid's recurrent state
+    through its rollback); the drafter's context entries only ever grow by committed ones."""
+    target, tok, drafter = pair(kind)
     want, _ = run(conversation(target, tok, None), prompt=PROMPT, max_tokens=40)
     engine = conversation(target, tok, drafter, draft_length=k)
     checked(engine)  # target caches and the drafter's context entries == a recompute
@@ -169,3 +180,24 @@ def test_bad_configs_are_refused_by_name(tmp_path, pair, pair_dir):
     missing = {k: v for k, v in weights.items() if k != "fc.weight"}
     with pytest.raises(ModelLoadError, match="lacks 1 tensor.s.: fc.weight"):
         load_dflash(write("holes", raw, missing), target)
+
+
+def test_auto_reaches_the_whole_block(pair, tmp_path):
+    """`auto` may draft a DFlash block to its end (block_size - 1), so the engine measures
+    the verify costs that far (a calibration to AUTO_MAX_DRAFT alone is not enough)."""
+    from mlx_spec.engine import Engine
+    from mlx_spec.engine.calibration import CalibrationStore
+    from mlx_spec.spec import AUTO_MAX_DRAFT
+
+    target, tok, drafter = pair("random")
+    engine = Engine(target, tok, drafter, draft_length="auto",
+                    store=CalibrationStore(tmp_path))
+    assert engine.auto_ceiling == 15 > AUTO_MAX_DRAFT
+    conv = engine.conversation()
+    assert conv.max_draft == 15
+    engine.calibrate(AUTO_MAX_DRAFT)
+    assert not engine.calibrated  # measured to 8: the block needs more
+    engine.calibrate()
+    assert engine.calibrated and len(engine.costs(15).verify) == 16
+    end, _ = run(conv, prompt=PROMPT, max_tokens=24)
+    assert end.stats.adaptive and len(end.stats.per_position_drafted) == 15

@@ -26,7 +26,7 @@ from .. import cache as kv
 from ..drafters.base import Draft, DraftContext, Drafter
 from ..events import Event
 from ..sampling import Sampler, SamplingConfig, Tokens
-from ..spec import DraftLength, check_draft_length, max_draft_for
+from ..spec import DraftLength, auto_ceiling, check_draft_length, max_draft_for
 from .adaptive import AdaptiveDraftLength
 from .batch import Verified
 from .turn import Pause, Verify, play
@@ -45,7 +45,8 @@ class Conversation:
         self.engine, self.target, self.tokenizer = engine, engine.target, engine.tokenizer
         self.drafter = drafter
         self.draft_length: DraftLength = draft_length  # k, or "auto" (chosen each round)
-        self.max_draft = max_draft_for(draft_length)  # the longest draft any round may use
+        # the longest draft any round may use
+        self.max_draft = max_draft_for(draft_length, auto_ceiling(drafter))
         # one policy per drafter and per greedy / sampled (acceptance differs between them)
         self.policies: dict[tuple[str, bool], AdaptiveDraftLength] = {}
         self.policy: AdaptiveDraftLength | None = None  # the last turn's (None: a fixed k)
@@ -69,13 +70,15 @@ class Conversation:
         """Switch drafters. The conversation is re-prefilled next turn, since a drafter that
         keeps state (an MTP cache) needs the target's hidden states of every position."""
         self.drafter = drafter
+        self.max_draft = max_draft_for(self.draft_length, auto_ceiling(drafter))
         self.reset()
 
     def set_draft_length(self, draft_length: DraftLength) -> None:
         """Draft length for later turns: an int 1..MAX_DRAFT, or "auto"."""
         check_draft_length(draft_length)
         old = self.max_draft
-        self.draft_length, self.max_draft = draft_length, max_draft_for(draft_length)
+        self.draft_length = draft_length
+        self.max_draft = max_draft_for(draft_length, auto_ceiling(self.drafter))
         if self.max_draft > old:  # sliding-window caches need rollback slack for a longer round
             self.reset()
 

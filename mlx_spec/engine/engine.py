@@ -10,7 +10,7 @@ from typing import Any
 
 from ..drafters.base import Drafter
 from ..model import TargetModel
-from ..spec import AUTO_MAX_DRAFT, DraftLength, check_draft_length
+from ..spec import AUTO_MAX_DRAFT, DraftLength, auto_ceiling, check_draft_length
 from ..stats import Baseline
 from .calibration import Calibration, CalibrationStore, device_name, key_of
 from .conversation import Conversation
@@ -27,11 +27,12 @@ class Engine:
                  draft_length: DraftLength = 4, kv_bits: int | None = None,
                  store: CalibrationStore | None = None):
         """draft_length: tokens drafted per round, or "auto" (chosen each round, up to
-        AUTO_MAX_DRAFT, from the target's costs and online acceptance; see adaptive.py).
+        `auto_ceiling`, from the target's costs and online acceptance; see adaptive.py).
         store: where calibrations are saved (default: MLX_SPEC_HOME/calibration)."""
         check_draft_length(draft_length)
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.draft_length = draft_length
+        self.auto_ceiling = auto_ceiling(drafter)  # so costs are measured as far as auto goes
         self.kv_bits = kv_bits
         self.eos = frozenset(getattr(tokenizer, "eos_token_ids", None) or ())
         self.store = store or CalibrationStore()
@@ -51,7 +52,7 @@ class Engine:
     @property
     def calibrated(self) -> bool:
         """Are the costs `auto` reads measured (saved or calibrated here)?"""
-        return self._measured is not None and self._measured.max_draft >= AUTO_MAX_DRAFT
+        return self._measured is not None and self._measured.max_draft >= self.auto_ceiling
 
     def costs(self, max_draft: int) -> TargetCosts:
         """The target's verify costs for 1..max_draft + 1 tokens and its plain decoding cost:
@@ -63,12 +64,13 @@ class Engine:
             self._priors[max_draft] = self.store.prior(self.target, max_draft)
         return self._priors[max_draft]
 
-    def calibrate(self, max_draft: int = AUTO_MAX_DRAFT, *, stop: Any = None) -> bool:
-        """Measure the costs (a few timed target passes on a scratch cache) and save them.
-        stop: an Event-like flag checked between passes; False when it stopped the work."""
+    def calibrate(self, max_draft: int | None = None, *, stop: Any = None) -> bool:
+        """Measure the costs (a few timed target passes on a scratch cache) and save them, to
+        `max_draft` (default: as far as `auto` may draft). stop: an Event-like flag checked
+        between passes; False when it stopped the work."""
         try:
-            self._measured = measure_costs(self.target, max(max_draft, AUTO_MAX_DRAFT),
-                                           stop=stop)
+            self._measured = measure_costs(
+                self.target, max(max_draft or self.auto_ceiling, AUTO_MAX_DRAFT), stop=stop)
         except Stopped:
             return False
         self._save()
