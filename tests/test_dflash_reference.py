@@ -120,7 +120,7 @@ def loaded(target_dir, head_dir):
 
     target, _ = load_target(target_dir)
     drafter = make_drafter("draft", target, draft_model=head_dir)
-    assert drafter.name == "dflash"
+    assert drafter.name == "draft-dflash"
     return target, drafter
 
 

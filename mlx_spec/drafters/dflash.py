@@ -260,7 +260,7 @@ class DFlashState:
 class DFlashDrafter:
     """A DFlash block drafter on `target` (see the module doc)."""
 
-    name = "dflash"
+    name = "draft-dflash"  # (a --draft-model kind)
 
     def __init__(self, head: DFlashHead, target: TargetModel):
         self.head, self.target, self.cfg = head, target, head.cfg

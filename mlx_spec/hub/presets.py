@@ -17,7 +17,7 @@ from ..errors import MlxSpecError
 PRESETS_FILE = Path(__file__).with_name("presets.toml")
 PRESETS_ENV = "MLX_SPEC_PRESETS"  # a presets file of one's own instead of the bundled one
 # drafter kinds the engine loads today
-LOADABLE = {"mtp", "draft", "gemma-assistant", "eagle3", "none"}
+LOADABLE = {"mtp", "draft", "gemma-assistant", "eagle3", "dflash", "none"}
 # Metal's recommended working set is about 2/3 of unified memory on 8-32 GB Macs (Rapid-MLX's
 # guide derives 10.3 GB on 18 GB from max_recommended_working_set_size); iogpu.wired_limit_mb
 # raises it. A pair "fits" when its estimated RAM is within that share.
@@ -30,7 +30,7 @@ class Preset:
     title: str
     tier_gb: int  # the smallest Mac (unified memory, GB) it is meant for
     target: str  # hub repo id
-    drafter_kind: str  # mtp | draft | gemma-assistant | eagle3 | none
+    drafter_kind: str  # mtp | draft | gemma-assistant | eagle3 | dflash | none
     download_gb: float  # target + drafter, as listed on the hub
     ram_gb: float  # weights + KV for a few thousand tokens + runtime
     verified: str  # what was checked, and where
