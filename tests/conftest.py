@@ -106,3 +106,13 @@ def _own_home(tmp_path_factory):
     """Calibrations, heads and history go under a home of the run's own, never the user's
     (child processes inherit it). A test that needs a fresh one sets its own."""
     os.environ["MLX_SPEC_HOME"] = str(tmp_path_factory.mktemp("mlx-spec-home"))
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """torch, for the reference cross-checks (`-m reference`): a missing reference package
+    fails them, it never skips them."""
+    import torch
+
+    torch.manual_seed(0)
+    return torch

@@ -32,14 +32,6 @@ FLAGS = {"causal": dict(sliding_window_non_causal=False),
 
 
 @pytest.fixture(scope="module")
-def torch():
-    import torch  # a missing reference package fails this step: it is never skipped
-
-    torch.manual_seed(0)
-    return torch
-
-
-@pytest.fixture(scope="module")
 def target_dir(tmp_path_factory, tokenizer_dir):
     return write_target(tmp_path_factory.mktemp("dflash-ref-target"), build_target(seed=4),
                         tokenizer_dir)

@@ -40,14 +40,6 @@ FLAGS = {
 
 
 @pytest.fixture(scope="module")
-def torch():
-    import torch  # a missing reference package fails this step: it is never skipped
-
-    torch.manual_seed(0)
-    return torch
-
-
-@pytest.fixture(scope="module")
 def target_dir(tmp_path_factory, tokenizer_dir):
     return write_target(tmp_path_factory.mktemp("ref-target"), build_target(seed=3),
                         tokenizer_dir)

@@ -35,6 +35,7 @@ from ..errors import ModelLoadError, TokenizerMismatchError
 from ..model import TargetModel
 from ..sampling import Sampler
 from .base import Draft, DraftContext
+from .eagle3 import MLP
 from .weights import load_exactly, one_line_errors, read_safetensors
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -97,7 +98,11 @@ class DFlashConfig:
         )
 
     def window(self, layer: int) -> int | None:
-        return self.sliding_window if self.layer_types[layer] == SLIDING else None
+        sliding = layer < len(self.layer_types) and self.layer_types[layer] == SLIDING
+        return self.sliding_window if sliding else None
+
+    def causal_in_block(self, layer: int) -> bool:
+        return layer < len(self.causal) and self.causal[layer]
 
 
 def refuse_unknown(raw: dict, layer: dict) -> None:
@@ -170,17 +175,6 @@ def stored(cache: KVCache) -> tuple[mx.array, mx.array]:
     return cache.keys[..., :n, :], cache.values[..., :n, :]
 
 
-class MLP(nn.Module):
-    def __init__(self, d: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d, hidden, bias=False)
-        self.up_proj = nn.Linear(d, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d, bias=False)
-
-    def __call__(self, x):
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Layer(nn.Module):
     def __init__(self, cfg: DFlashConfig):
         super().__init__()
@@ -232,7 +226,7 @@ class DFlashHead(nn.Module):
         (bidirectional, or causal)."""
         window = self.cfg.window(layer)
         ctx = mx.arange(P)[None] >= P - window if window else mx.ones((1, P), mx.bool_)
-        own = (mx.arange(B)[None] <= mx.arange(B)[:, None] if self.cfg.causal[layer]
+        own = (mx.arange(B)[None] <= mx.arange(B)[:, None] if self.cfg.causal_in_block(layer)
                else mx.ones((B, B), mx.bool_))
         return mx.concatenate([mx.broadcast_to(ctx, (B, P)), own], axis=1)
 

@@ -129,7 +129,8 @@ class Eagle3Config:
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window (None: full attention)."""
-        return self.sliding_window if self.layer_types[layer] == SLIDING else None
+        sliding = layer < len(self.layer_types) and self.layer_types[layer] == SLIDING
+        return self.sliding_window if sliding else None
 
 
 def layer_inputs(raw: dict) -> tuple[int, ...] | None:
