@@ -137,7 +137,7 @@ def test_block_speculation_samples_the_target_distribution(pair):
     cfg = dict(temperature=1.0, top_p=0.9)
     engine = conversation(target, tok, drafter, draft_length=3)
     tally = []
-    pairs = sample_pairs(engine, cfg, tally, prompt=PROMPT[:8])
+    pairs = sample_pairs(engine, cfg, tally, prompt=PROMPT[:8], runs=1200)
     assert_both_paths_taken(tally)
     pval = chi2_pvalue(pairs, target_joint(target, SamplingConfig(**cfg), prompt=PROMPT[:8]))
     print(f"dflash χ² p = {pval:.3f}")

@@ -34,10 +34,10 @@ def target_joint(target, cfg, prompt=PROMPT):
     return joint
 
 
-def sample_pairs(engine, cfg_kw, accepted=None, prompt=PROMPT):
-    """RUNS two-token answers; `accepted` (a list) collects (drafted, accepted) per run."""
+def sample_pairs(engine, cfg_kw, accepted=None, prompt=PROMPT, runs=RUNS):
+    """`runs` two-token answers; `accepted` (a list) collects (drafted, accepted) per run."""
     pairs = []
-    for seed in range(RUNS):
+    for seed in range(runs):
         events = list(engine.generate(prompt, max_tokens=2, ignore_eos=True,
                                       sampling=SamplingConfig(seed=seed, **cfg_kw)))
         end = events[-1]
