@@ -109,11 +109,20 @@ def test_serve_group_streams_our_sides_and_reports_the_goals(tmp_path):
 
 
 def test_a_subprocess_server_is_stopped_on_the_way_out(tmp_path):
+    import os
+    import signal
     import sys
+    import time
 
     import pytest
 
-    from mlx_spec.bench.serve_clients import free_ports, healthy, launched, wait_ready
+    from mlx_spec.bench.serve_clients import (
+        exit_on_sigterm,
+        free_ports,
+        healthy,
+        launched,
+        wait_ready,
+    )
 
     port, other = free_ports(2)
     url, log = f"http://127.0.0.1:{port}", tmp_path / "server.log"
@@ -132,3 +141,9 @@ def test_a_subprocess_server_is_stopped_on_the_way_out(tmp_path):
     with launched(gone, log) as proc:  # it exits before it answers: fails with its output
         with pytest.raises(RuntimeError, match="exit 3.*no such model"):
             wait_ready(proc, f"http://127.0.0.1:{other}", 30, log)
+    with pytest.raises(SystemExit):  # a plain `kill` of the bench unwinds, servers and all
+        with exit_on_sigterm(), launched([sys.executable, "-c", health, str(port)], log) as proc:
+            wait_ready(proc, url, 30, log)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+    assert proc.poll() is not None and not healthy(url)

@@ -13,6 +13,7 @@ asserted by tests.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -35,7 +36,16 @@ from ..train.corpus import prompts_from_corpus
 from ..train.modeldir import save_model_dir
 from .parity import mirrored, pair_ratios
 from .runners import QUICK, BenchConfig, BenchModels, load_bench_models, machine, new_engine, timed
-from .serve_clients import HOST, Wave, free_ports, launched, mlx_lm_command, run_wave, wait_ready
+from .serve_clients import (
+    HOST,
+    Wave,
+    exit_on_sigterm,
+    free_ports,
+    launched,
+    mlx_lm_command,
+    run_wave,
+    wait_ready,
+)
 from .serve_report import write_serve
 from .widen import parameter_count
 
@@ -75,6 +85,7 @@ class Run:
 
     side: str
     wave: Wave
+    prompts: list[int]  # stream i ran held-out prompt prompts[i]
     passes: int | None = None
     rounds: int | None = None
 
@@ -88,12 +99,14 @@ def bench_serve(cfg: BenchConfig, out: Path, log: Log = print,
     tok = models.tokenizer
     prompts = [tok.decode(ids) for ids in prompts_from_corpus(tok, max(serve.concurrency))]
     with ExitStack() as stack:
+        stack.enter_context(exit_on_sigterm())  # a `kill` still stops every server it started
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlx-spec-serve-")))
         engines, sides = start_sides(stack, models, cfg, serve, tmp, log)
         warm_up(sides, prompts, serve)
+        reference = solo_texts(engines[PLAIN], prompts, serve.max_tokens)
         overhead = {key: compare_http(next(s for s in sides if s.key == key), engines[key],
-                                      prompts[0], serve, log) for key in (SPEC, PLAIN)}
-        levels = {str(c): measure_level(sides, prompts[:c], serve, log)
+                                      prompts, serve, log) for key in (SPEC, PLAIN)}
+        levels = {str(c): measure_level(sides, prompts, c, serve, log)
                   for c in serve.concurrency}
     result = {
         "machine": machine(), "config": asdict(cfg), "serve": asdict(serve),
@@ -103,7 +116,7 @@ def bench_serve(cfg: BenchConfig, out: Path, log: Log = print,
         "prompt_tokens": [len(tok.encode(p)) for p in prompts],
         "sides": [{"key": s.key, "name": s.name, "engine": s.engine, "url": s.url}
                   for s in sides],
-        "greedy": greedy_check(levels), "levels": levels, "overhead": overhead,
+        "greedy": greedy_check(levels, reference), "levels": levels, "overhead": overhead,
         "goals": goals(levels, overhead, {s.key: s.name for s in sides if s.engine == "mlx-lm"}),
         "minutes": (time.perf_counter() - started) / 60,
     }
@@ -172,34 +185,55 @@ def warm_up(sides: list[Side], prompts: list[str], serve: ServeConfig) -> None:
             run_wave(side.url, prompts[:c], serve.warmup_tokens, serve.timeout_s)
 
 
-def run_side(side: Side, prompts: list[str], serve: ServeConfig) -> Run:
-    """One wave of len(prompts) streams on `side`."""
+def run_side(side: Side, prompts: list[str], chosen: list[int], serve: ServeConfig) -> Run:
+    """One wave on `side`: stream i on prompts[chosen[i]]."""
     metrics = side.server.scheduler.metrics if side.server is not None else None
     before = (metrics.verify_passes, metrics.verify_rows) if metrics else (0, 0)
-    wave = run_wave(side.url, prompts, serve.max_tokens, serve.timeout_s)
+    wave = run_wave(side.url, [prompts[i] for i in chosen], serve.max_tokens, serve.timeout_s)
     if metrics is None:
-        return Run(side.key, wave)
-    return Run(side.key, wave, metrics.verify_passes - before[0],
+        return Run(side.key, wave, chosen)
+    return Run(side.key, wave, chosen, metrics.verify_passes - before[0],
                metrics.verify_rows - before[1])
 
 
-def measure_level(sides: list[Side], prompts: list[str], serve: ServeConfig, log: Log
+def rotated(n: int, c: int, pair: int) -> list[int]:
+    """The prompts of pair `pair` at c streams: the next c of n, so the pairs cover more of
+    them (at one stream, pair i runs prompt i) while both runs of a side in a pair share one."""
+    return [(pair * c + i) % n for i in range(c)]
+
+
+def measure_level(sides: list[Side], prompts: list[str], c: int, serve: ServeConfig, log: Log
                   ) -> dict[str, Any]:
-    """Every side at len(prompts) streams in `serve.pairs` mirrored pairs: per side its
-    figures over all its runs, and the ratios of aggregate tok/s in pairs."""
-    c = len(prompts)
-    runs = mirrored([lambda s=s: run_side(s, prompts, serve) for s in sides], serve.pairs)
+    """Every side at c streams in `serve.pairs` mirrored pairs (pair p on its own prompts,
+    `rotated`): per side its figures over all its runs, and the ratios of aggregate tok/s in
+    pairs; the 1-minute load average after it (2 cores: above ~2, other work shared them)."""
+    runs = []
+    for pair in range(serve.pairs):
+        chosen = rotated(len(prompts), c, pair)
+        runs += mirrored([lambda s=s, chosen=chosen: run_side(s, prompts, chosen, serve)
+                          for s in sides], 1)
     index = {s.key: i for i, s in enumerate(sides)}
     per_side = {s.key: summarise([r for p in runs for r in p[index[s.key]]]) for s in sides}
     rate = attrgetter("wave.tok_s")
     ratios = {f"{a} ÷ {b}": pair_ratios(runs, index[a], index[b], rate)
               for a, b in RATIOS if a in index and b in index}
+    load = load_average()
     log(f"-- {c} stream{'s' if c > 1 else ''}: " + ", ".join(
-        f"{s.name} {per_side[s.key]['tok_s']:.1f}" for s in sides) + " tok/s (aggregate)")
+        f"{s.name} {per_side[s.key]['tok_s']:.1f}" for s in sides) + " tok/s (aggregate)"
+        + (f"; load average {load:.1f}" if load is not None else ""))
     for name, p in ratios.items():
         log(f"   {name}: {p['median']:.3f} (pairs: "
             + ", ".join(f"{r:.3f}" for r in p["pairs"]) + ")")
-    return {"sides": per_side, "ratios": ratios, "texts": texts_of(runs, sides)}
+    return {"sides": per_side, "ratios": ratios, "load_average": load,
+            "texts": texts_of(runs, sides)}
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, where the platform has one."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 RATIOS = ((SPEC, PLAIN), (SPEC, MLX_LM), (SPEC, MLX_LM_DRAFT), (DRAFT, PLAIN),
@@ -238,44 +272,54 @@ def summarise(runs: list[Run]) -> dict[str, Any]:
     return out
 
 
-def texts_of(runs: list[list[tuple[Run, Run]]], sides: list[Side]) -> dict[str, list[str]]:
-    """Each side's text per stream, from its first run at this concurrency."""
-    return {s.key: ["".join(st.text) for st in runs[0][i][0].wave.streams]
-            for i, s in enumerate(sides)}
+def texts_of(runs: list[list[tuple[Run, Run]]], sides: list[Side]
+             ) -> dict[str, list[tuple[int, str]]]:
+    """Each side's (prompt, text) per stream of its first run in each pair."""
+    return {s.key: [(i, "".join(st.text)) for pair in runs
+                    for i, st in zip(pair[n][0].prompts, pair[n][0].wave.streams, strict=True)]
+            for n, s in enumerate(sides)}
 
 
-def greedy_check(levels: dict[str, Any]) -> dict[str, Any]:
-    """Greedy streams' texts against ours target-only on the same prompt (its run at the
-    fewest streams that include it): how many agree, which differ. The texts are dropped from
-    `levels` (they are not part of the result)."""
-    reference: dict[int, str] = {}
-    for level in levels.values():
-        for i, text in enumerate(level["texts"][PLAIN]):
-            reference.setdefault(i, text)
+def solo_texts(engine: Engine, prompts: list[str], max_tokens: int) -> list[str]:
+    """Each prompt's greedy text through `generate` on `engine`, alone (the reference: the
+    target's own tokens); its server's engine thread idles meanwhile."""
+    out = []
+    for prompt in prompts:
+        stream = engine.conversation().generate(engine.tokenizer.encode(prompt),
+                                                max_tokens=max_tokens)
+        out.append("".join(e.text for e in stream if isinstance(e, TokenEvent)))
+    return out
+
+
+def greedy_check(levels: dict[str, Any], reference: list[str]) -> dict[str, Any]:
+    """Greedy streams' texts against the target's own on the same prompt (`solo_texts`): how
+    many agree, which differ. The texts are dropped from `levels` (not part of the result)."""
     differ, total = [], 0
     for c, level in levels.items():
         for key, texts in level.pop("texts").items():
             total += len(texts)
-            differ += [f"{key} at {c} streams, prompt {i}" for i, text in enumerate(texts)
-                       if text != reference[i]]
+            differ += sorted({f"{key} at {c} streams, prompt {i}" for i, text in texts
+                              if text != reference[i]})
     return {"streams": total, "differ": differ}
 
 
-def compare_http(side: Side, engine: Engine, prompt: str, serve: ServeConfig, log: Log
+def compare_http(side: Side, engine: Engine, prompts: list[str], serve: ServeConfig, log: Log
                  ) -> dict[str, Any]:
     """One stream served over HTTP ÷ the same turn through `generate` on the same engine (the
-    server's engine thread idles meanwhile), in mirrored pairs: tok/s after the first token
-    (the bench's definition) and TTFT."""
-    ids = engine.tokenizer.encode(prompt)  # what the server does with a prompt string
-
-    def served() -> Any:
+    server's engine thread idles meanwhile), in mirrored pairs, pair i on prompt i: tok/s
+    after the first token (the bench's definition) and TTFT."""
+    def served(prompt: str) -> Any:
         return run_wave(side.url, [prompt], serve.max_tokens, serve.timeout_s).streams[0]
 
-    def direct() -> Any:
-        stream = engine.conversation().generate(ids, max_tokens=serve.max_tokens)
+    def direct(prompt: str) -> Any:  # the server encodes a prompt string just so
+        stream = engine.conversation().generate(engine.tokenizer.encode(prompt),
+                                                max_tokens=serve.max_tokens)
         return timed(stream, lambda e: isinstance(e, TokenEvent))[1]
 
-    runs = mirrored([served, direct], serve.overhead_pairs)
+    runs = []
+    for pair in range(serve.overhead_pairs):
+        prompt = prompts[pair % len(prompts)]
+        runs += mirrored([lambda p=prompt: served(p), lambda p=prompt: direct(p)], 1)
     tok_s = pair_ratios(runs, 0, 1, attrgetter("tok_s"))
     ttft = pair_ratios(runs, 0, 1, attrgetter("ttft_s"))
     sides = {name: [t for p in runs for t in p[i]] for i, name in enumerate(("served", "direct"))}

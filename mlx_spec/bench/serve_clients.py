@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -213,3 +214,22 @@ def stop_process(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """While inside: SIGTERM (a plain `kill`) raises SystemExit, so what is being unwound (our
+    servers, the mlx-lm subprocesses) is closed and killed on the way out. SIGINT does that
+    already where it is not ignored (a background job of a shell ignores it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -17,6 +17,7 @@ def write_serve(result: dict[str, Any], out: Path) -> None:
     write_json(result, out / "bench-serve.json")
     lines = serve_header(result)
     lines += serve_table(result)
+    lines += load_line(result["levels"])
     lines += goals_section(result["goals"])
     lines += ratios_section(result)
     lines += overhead_section(result["overhead"])
@@ -53,8 +54,9 @@ def serve_header(result: dict[str, Any]) -> list[str]:
            "; the mlx-lm sides were not run")
         + ".", "",
         f"Load: at each concurrency C ({streams}) one wave of C streaming "
-        f"`/v1/completions` requests sent together, stream i on held-out prompt i "
-        f"({min(tokens)}–{max(tokens)} tokens, stdlib source), greedy (T = 0), "
+        f"`/v1/completions` requests sent together on held-out prompts ({len(tokens)} of "
+        f"{min(tokens)}–{max(tokens)} tokens, stdlib source; pair p runs the next C of them "
+        "from prompt p·C on, so at one stream pair p is prompt p), greedy (T = 0), "
         f"{s['max_tokens']} tokens each (end of text may end one sooner: tokens/stream says), "
         f"after a {s['warmup_tokens']}-token warm-up wave at each C on every side. The sides "
         f"run in {s['pairs']} mirrored pairs at each C (a b … b a, all five sides); each "
@@ -63,7 +65,8 @@ def serve_header(result: dict[str, Any]) -> list[str]:
         "the servers; our servers run in that process too (their HTTP and engine threads "
         "share its GIL with the clients), mlx-lm's in processes of their own. The tokens per "
         "request and the number of pairs are chosen to keep the group under ~20 min.", "",
-        f"Greedy texts equal to `{names['plain']}`'s on the same prompt: "
+        "Greedy texts equal to the target's own on the same prompt (`generate` alone, "
+        "target-only): "
         f"**{g['streams'] - len(g['differ'])} of {g['streams']}** streams"
         + (f" (differ: {'; '.join(g['differ'])})" if g["differ"] else "") + ".", "",
     ]
@@ -86,6 +89,16 @@ def serve_table(result: dict[str, Any]) -> list[str]:
                 f"{cell(r['rounds_per_pass'], '.2f')} | {cell(r['tokens_per_pass'], '.2f')} | "
                 f"{cell(r['drafted_per_pass'], '.2f')} | {cell(r['acceptance'], '.0%')} |")
     return lines
+
+
+def load_line(levels: dict[str, Any]) -> list[str]:
+    """The 1-minute load average after each concurrency's runs (2 cores)."""
+    loads = [(c, level.get("load_average")) for c, level in levels.items()]
+    if any(load is None for _, load in loads):
+        return []
+    return ["", "1-minute load average after each concurrency's runs (2 cores; the bench's own "
+            "threads and servers count, so above ~2 means other work shared the cores): "
+            + ", ".join(f"{c} stream(s) {load:.1f}" for c, load in loads) + "."]
 
 
 def goals_section(goals: list[dict[str, Any]]) -> list[str]:
@@ -113,9 +126,9 @@ def ratios_section(result: dict[str, Any]) -> list[str]:
 
 def overhead_section(overhead: dict[str, Any]) -> list[str]:
     lines = ["", "## HTTP overhead at one stream", "",
-             "The same turn (held-out prompt 0, the same engine) streamed over HTTP and through "
-             "`generate` directly, in mirrored pairs; tok/s after the first token, as the bench "
-             "times `generate` ((tokens − 1) ÷ (last − first token)).", ""]
+             "The same turn (the same engine; pair i on held-out prompt i) streamed over HTTP "
+             "and through `generate` directly, in mirrored pairs; tok/s after the first token, "
+             "as the bench times `generate` ((tokens − 1) ÷ (last − first token)).", ""]
     for o in overhead.values():
         lines.append(
             f"- {o['name']}: served ÷ generate tok/s {pairs_text(o['tok_s'])}; TTFT served ÷ "
