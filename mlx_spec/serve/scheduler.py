@@ -23,7 +23,7 @@ from typing import Any
 from ..engine import Engine
 from ..engine.batch import Verified, batchable, verify_together
 from ..engine.turn import Pause, Verify
-from ..events import Event, Kind, TokenEvent, TurnEnd
+from ..events import Event, TokenEvent, TurnEnd
 from ..sampling import SamplingConfig
 from .metrics import Metrics
 
@@ -166,9 +166,7 @@ class Scheduler:
             if isinstance(item, Pause):
                 return True  # a prefill chunk ran: the others' turn before the next
             if not self._hand(job, item):
-                return False
-            if isinstance(item, TokenEvent) and item.kind is Kind.TARGET:
-                return True  # a plain step ran on the device: the others' turn
+                return False  # (plain tokens come as Verify rounds too: they wait for the batch)
 
     def _calibrate_while_idle(self) -> None:
         """Between requests: measure the target's costs if `auto` still reads a prior; a
