@@ -9,6 +9,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import cache as kv
+
 
 @dataclass
 class TargetModel:
@@ -126,6 +128,24 @@ class TargetModel:
             return bool(mx.allclose(a, b, atol=1e-4, rtol=1e-4).item())
         except Exception:
             return False
+
+    # -- its caches: every cache operation on the target goes through these four, so a target
+    # split over machines (distributed/target.py) can do the same on every rank --------------
+
+    def make_cache(self, *, slack: int = 16, kv_bits: int | None = None) -> list[Any]:
+        """A fresh rollback-able cache list for this target (cache.make_cache)."""
+        return kv.make_cache(self.model, slack=slack, kv_bits=kv_bits)
+
+    def trim(self, cache: list[Any], n: int, *, have: int) -> list[Any]:
+        """The one commit path (cache.trim_to): cut `cache` from `have` tokens back to n."""
+        return kv.trim_to(cache, n, have=have)
+
+    def can_trim(self, cache: list[Any], n: int, *, have: int) -> bool:
+        return kv.can_trim_to(cache, n, have=have)
+
+    def check_rollback(self, cache: list[Any]) -> None:
+        """Raise if speculation on this target would be unsafe (a cache that cannot roll back)."""
+        kv.check_rollback(cache)
 
     def nbytes(self) -> int:
         from mlx.utils import tree_flatten

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import mlx.core as mx
 
-from .. import cache as kv
 from ..drafters.base import Draft, DraftContext, Drafter
 from ..events import Event
 from ..sampling import Sampler, SamplingConfig, Tokens
@@ -58,10 +57,10 @@ class Conversation:
     def reset(self) -> None:
         """Forget the conversation: empty caches, a fresh drafter state."""
         slack = max(16, 2 * (self.max_draft + 2))
-        self.cache = kv.make_cache(self.target.model, slack=slack, kv_bits=self.engine.kv_bits)
+        self.cache = self.target.make_cache(slack=slack, kv_bits=self.engine.kv_bits)
         self.drafter_state: Any = None
         if self.drafter is not None:
-            kv.check_rollback(self.cache)
+            self.target.check_rollback(self.cache)
             self.drafter_state = self.drafter.new_state()
         self.tokens: list[int] = []
         self.cached = 0  # tokens the target cache holds
@@ -146,17 +145,17 @@ class Conversation:
         start = reuse
         if want_hidden and reuse and not self.drafter_state.has_hidden(reuse - 1):
             start = reuse - 1
-        if not kv.can_trim_to(self.cache, start, have=self.cached):
+        if not self.target.can_trim(self.cache, start, have=self.cached):
             self.reset()  # e.g. a rewritten history on a recurrent model: recompute it all
             reuse = start = 0
-        kv.trim_to(self.cache, start, have=self.cached)
+        self.target.trim(self.cache, start, have=self.cached)
         self.tokens, self.cached = list(prompt), start
         hidden = []
         for i in range(start, len(prompt) - 1, PREFILL_CHUNK):
             chunk = prompt[i : min(i + PREFILL_CHUNK, len(prompt) - 1)]
             _, h = self.target.forward(chunk, self.cache, hidden=want_hidden)
             self.cached += len(chunk)
-            kv.trim_to(self.cache, self.cached, have=self.cached)  # seal: nothing to take back
+            self.target.trim(self.cache, self.cached, have=self.cached)  # seal: none taken back
             mx.eval([c.state for c in self.cache] + ([h] if h is not None else []))
             if h is not None:
                 hidden.append(h)
@@ -206,7 +205,7 @@ class Conversation:
         start = len(self.tokens) - 1  # position of the old pending token
         self.tokens.extend(new)
         if not ahead:  # (decode sealed the cache before its step ahead: nothing to cut)
-            cut = kv.trim_to(self.cache, len(self.tokens) - 1, have=self.cached)
+            cut = self.target.trim(self.cache, len(self.tokens) - 1, have=self.cached)
             if cut:  # evaluated here, so a recurrent rollback's cost is counted as commit time
                 mx.eval(cut)
         self.cached = len(self.tokens) - 1 + ahead
@@ -230,7 +229,7 @@ class Conversation:
                 more = plan()
                 ahead = None
                 if more:
-                    kv.trim_to(self.cache, self.cached, have=self.cached)  # seal: this step stays
+                    self.target.trim(self.cache, self.cached, have=self.cached)  # seal: it stays
                     ahead = self._decode_step(step.token, sampler, self._history(sampler, step))
                 token, stands = self._read(step, sampler)
                 if not stands:  # built on a discarded draw: commit cuts it back
@@ -246,9 +245,9 @@ class Conversation:
                 step = ahead
         finally:
             committed = len(self.tokens) - 1
-            if self.cached > committed and kv.can_trim_to(self.cache, committed,
+            if self.cached > committed and self.target.can_trim(self.cache, committed,
                                                            have=self.cached):
-                kv.trim_to(self.cache, committed, have=self.cached)
+                self.target.trim(self.cache, committed, have=self.cached)
                 self.cached = committed
             # else (a recurrent model without rollback) the cache holds one token more than
             # the invariant says; `cached` counts it, and the next prefill reuses or resets

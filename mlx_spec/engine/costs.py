@@ -10,7 +10,6 @@ from typing import Any
 
 import mlx.core as mx
 
-from .. import cache as kv
 from ..model import TargetModel
 
 
@@ -50,7 +49,7 @@ def _check(stop: Any) -> None:
 
 def _scratch(target: TargetModel, context: int, *, slack: int):
     """A scratch cache holding a fixed `context`-token prompt: (cache, prompt, its logits)."""
-    cache = kv.make_cache(target.model, slack=slack)
+    cache = target.make_cache(slack=slack)
     prompt = [(i * 31) % max(2, target.vocab_size - 3) + 3 for i in range(context)]
     logits, _ = target.forward(prompt, cache)
     mx.eval(logits)
@@ -74,7 +73,7 @@ def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
             logits, _ = target.forward(prompt[:q], cache)
             mx.eval(logits)
             times.append(time.perf_counter() - t0)
-            kv.trim_to(cache, context, have=context + q)
+            target.trim(cache, context, have=context + q)
         costs.append(min(times[1:]))  # drop the warm-up
     return smooth_linear(costs) if smooth else tuple(costs)
 
@@ -101,7 +100,7 @@ def measure_plain_cost(target: TargetModel, *, context: int = 96, steps: int = 8
             y = ahead
         y.item()
         times.append((time.perf_counter() - t0) / steps)
-        kv.trim_to(cache, context, have=context + steps)
+        target.trim(cache, context, have=context + steps)
     return min(times[1:])  # drop the warm-up
 
 
