@@ -6,7 +6,7 @@ import pytest
 from helpers import PROMPT, assert_same_or_near_tie, conversation, run
 
 from mlx_spec.drafters import DraftModelDrafter
-from mlx_spec.engine.adaptive import AdaptiveDraftLength
+from mlx_spec.engine.adaptive import AdaptiveDraftLength, BatchDraftLength
 from mlx_spec.engine.costs import measure_verify_costs
 
 
@@ -368,3 +368,101 @@ def test_round_times_are_one_fitted_line_not_a_mean_per_k():
         policy.observe(4, 3, round_seconds=0.95)
     assert policy.round_cost(4) > policy.round_cost(3)
     assert abs(policy.round_cost(3) - 1.0) < 0.01
+
+
+# -- the batch's cap (the server verifying several conversations in one pass) ---------------
+
+MEMORY_BOUND = [1.0 + 0.03 * q for q in range(9)]  # one row: each verified token +3%
+
+
+def test_a_batch_of_one_is_not_capped_and_chooses_as_alone():
+    """B = 1: no cap, so the policy's choices are exactly those of a policy on its own."""
+    import random
+
+    batch = BatchDraftLength()
+    alone, served = (AdaptiveDraftLength(MEMORY_BOUND, draft_cost=0.02) for _ in range(2))
+    rng = random.Random(0)
+    for _ in range(300):
+        served.cap = batch.cap([served], MEMORY_BOUND)
+        assert served.cap is None
+        k = alone.choose()
+        assert served.choose() == k
+        n = 0
+        while n < k and rng.random() < 0.7:
+            n += 1
+        for p in (alone, served):
+            p.observe(k, n, draft_seconds=0.02 * k, round_seconds=1.0 + 0.05 * k)
+
+
+def serve_cycles(policies, batch, cycle_seconds, cycles, rng):
+    """Cycles as the scheduler runs them: the cap, each row's choice under it, the cycle timed
+    by cycle_seconds(B, widest k) and observed; every draft accepted with probability 0.7.
+    Returns the caps."""
+    caps = []
+    for _ in range(cycles):
+        cap = batch.cap(policies, MEMORY_BOUND)
+        caps.append(cap)
+        ks = []
+        for p in policies:
+            p.cap = cap
+            ks.append(p.choose())
+        t = cycle_seconds(len(policies), max(ks))
+        batch.observe(len(policies), max(ks), t)
+        for p, k in zip(policies, ks, strict=True):
+            if k:
+                n = 0
+                while n < k and rng.random() < 0.7:
+                    n += 1
+                p.observe(k, n, draft_seconds=0.01 * k, round_seconds=t)
+            else:
+                p.observe_plain(t)
+    return caps
+
+
+def test_a_batch_whose_pass_is_compute_bound_turns_speculation_off():
+    """Each row alone would draft (one row's pass is memory-bound: +3% a token, drafts accepted
+    70%). Four rows verified together cost what 4·(k+1) tokens cost, compute-bound (each token
+    a quarter of a one-token pass, as much as it adds in tokens): the cycles' measured line
+    soon says no common k beats plain decoding's 4 tokens a pass, and the cap stays 0
+    (speculation off for the batch), but for a rare cycle trying k = 1 again."""
+    import random
+
+    rng = random.Random(1)
+    policies = [AdaptiveDraftLength(MEMORY_BOUND, draft_cost=0.01) for _ in range(4)]
+    feed(policies[0], 50, lambda i: rng.random() < 0.7)
+    assert policies[0].choose() > 0  # alone: it pays
+    batch = BatchDraftLength()
+    caps = serve_cycles(policies, batch, lambda b, k: 0.25 * b * (k + 1) + 0.01 * b * k, 300,
+                        rng)
+    assert caps[0] == 0 and caps[1] > 0  # a plain cycle first, then the calibrated line's b0
+    assert max(caps[-200:]) <= 1 and caps[-200:].count(1) <= 6, caps
+    for p in policies:
+        p.cap = 0
+        assert p.choose() == 0  # a cap of 0: every row's round is plain
+
+
+def test_a_batch_whose_pass_stays_memory_bound_keeps_speculating():
+    """The same rows where 4·(k+1) tokens still cost the calibrated line (memory-bound): the
+    batch keeps drafting, shallower than one row alone would, its probes one draft below the
+    best rare."""
+    import random
+
+    rng = random.Random(2)
+    policies = [AdaptiveDraftLength(MEMORY_BOUND, draft_cost=0.01) for _ in range(4)]
+    line = lambda b, k: 1.0 + 0.03 * (b * (k + 1) - 1) + 0.01 * b * k  # noqa: E731
+    caps = serve_cycles(policies, BatchDraftLength(), line, 300, rng)
+    assert min(caps[-100:]) >= 1 and sum(c >= 2 for c in caps[-100:]) >= 80, caps[-100:]
+
+
+def test_the_batch_cap_prices_the_cycle_at_its_total_tokens():
+    """A batch size's first cycle is plain (it times T_B(0)); then T_B(k) = T_B(0) + k·b0,
+    b0 = Σd + B·s (s the calibrated slope per token: one more draft in each of B rows is B
+    more tokens in the pass) until cycles at other k move the slope; N_B(k) = Σ E_r(k), a row
+    whose own policy is off counting one token."""
+    on, off = (AdaptiveDraftLength([1.0] * 3, prior=0.5, prior_weight=1.0) for _ in range(2))
+    batch = BatchDraftLength()
+    assert batch.cap([on, off], [1.0] * 3) == 0
+    batch.observe(3, 0, 2.0)
+    assert batch.cycle_costs(3, 2, 0.3, [1.0, 1.5]) == pytest.approx([2.0, 3.8, 5.6])
+    off.on = False
+    assert BatchDraftLength.expected_tokens([on, off], 2) == [2.0, 2.5, 2.75]
