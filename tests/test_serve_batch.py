@@ -12,15 +12,21 @@ import time
 
 import openai
 import pytest
+from helpers import assert_same_or_near_tie
 from published import build_pair, write_checkpoint
 from test_batch import near_copy
 from test_mtp import make_drafter as make_head_drafter
 
+import mlx_spec.serve.scheduler as scheduler_module
 from mlx_spec.drafters import DraftModelDrafter, NgramDrafter
 from mlx_spec.engine import Engine
+from mlx_spec.engine.adaptive import AdaptiveDraftLength
+from mlx_spec.engine.batch import verify_together
+from mlx_spec.events import TokenEvent, TurnEnd
 from mlx_spec.loading import load_target, make_drafter
 from mlx_spec.sampling import SamplingConfig
 from mlx_spec.serve import Server
+from mlx_spec.serve.scheduler import Scheduler
 from mlx_spec.templates import encode_chat
 
 KINDS = ["draft", "mtp", "nextn-hybrid", "ngram"]
@@ -135,3 +141,54 @@ def test_a_bounded_load_loop_loses_nothing(engines):
     assert len(answers) == 24 and all(n >= 1 for n in answers)
     assert after["vllm:request_success_total"] - before.get("vllm:request_success_total", 0) == 24
     assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
+
+
+def served_together(engine: Engine, prompts, max_tokens, monkeypatch, batch_costs):
+    """`prompts` through a Scheduler at once (greedy), every row's own policy made to want
+    drafts (a flat verify cost), the batch's cycle costs T_B(k) given by batch_costs(B, k):
+    (each prompt's tokens, each verify pass as (rows, each row's k))."""
+    passes = []
+
+    def recorded(rounds):
+        passes.append((len(rounds), [draft.k for _, draft in rounds]))
+        return verify_together(rounds)
+
+    monkeypatch.setattr(scheduler_module, "verify_together", recorded)
+    monkeypatch.setattr(AdaptiveDraftLength, "round_costs",
+                        lambda self, top: [1.0] * (top + 1))  # alone: drafting always pays
+    scheduler = Scheduler(engine, max_concurrency=len(prompts))
+    monkeypatch.setattr(scheduler.batch, "cycle_costs", lambda rows, top, drafting, costs: [
+        batch_costs(rows, k) for k in range(top + 1)])
+    try:
+        jobs = [scheduler.submit(p, max_tokens=max_tokens, sampling=SamplingConfig())
+                for p in prompts]
+        ends = [[e for e in job.stream() if isinstance(e, TurnEnd)][0] for job in jobs]
+    finally:
+        scheduler.close()
+    return [list(end.tokens) for end in ends], passes
+
+
+PROMPTS = [[(i * 29 + 7 * j) % 300 + 5 for i in range(12 + j)] for j in range(4)]
+
+
+@pytest.mark.parametrize("bound", ["compute", "memory"])
+def test_auto_drafts_as_the_batch_pays_and_stays_greedy_identical(engines, monkeypatch, bound):
+    """Four `auto` requests at once, each row's own policy wanting drafts. Where B rows cost
+    what B·(k+1) tokens cost and each token as much as it brings (compute-bound), the batch's
+    cap turns speculation off: no pass over two or more rows carries a draft. Where the pass
+    costs the same at any k (memory-bound), the batch drafts. Either way each request's tokens
+    are the target's own, as alone (up to a near-tie from batched arithmetic)."""
+    base = engines("draft")
+    engine = Engine(base.target, base.tokenizer, base.drafter, draft_length="auto")
+    cost = (lambda b, k: float(b * (k + 1))) if bound == "compute" else (lambda b, k: 1.0)
+    got, passes = served_together(engine, PROMPTS, 16, monkeypatch, cost)
+    batched = [ks for rows, ks in passes if rows > 1]
+    assert batched, passes
+    if bound == "compute":
+        assert all(k == 0 for ks in batched for k in ks), passes
+    else:
+        assert any(k > 0 for ks in batched for k in ks), passes
+    for prompt, tokens in zip(PROMPTS, got, strict=True):
+        want = [e.token for e in Engine(base.target, base.tokenizer, None).conversation()
+                .generate(prompt, max_tokens=16) if isinstance(e, TokenEvent)]
+        assert_same_or_near_tie(engine.target, prompt, tokens, want)

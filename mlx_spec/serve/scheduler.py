@@ -7,7 +7,13 @@ leave between cycles, so speculation stays on for each (its own drafter state, i
 its own random stream) while the verify is shared.
 
 A new request's prefill takes one chunk per cycle, so running streams keep flowing meanwhile.
-Not yet: the draft length sees the batch only through each round's measured time.
+
+The draft length knows the batch: before a cycle of two or more `auto` rows, the scheduler caps
+every row's k at the common k that maximises the batch's expected tokens per second, the cycle
+priced at the measured cost of its pass's B·(k+1) tokens (engine/adaptive.py
+`BatchDraftLength`); each cycle it times feeds that cost back. So where the batch makes the
+pass compute-bound, speculation is off for the cycle, and back on when it pays. One request
+alone is uncapped: its own policy chooses, as in `generate`.
 """
 
 from __future__ import annotations
@@ -20,8 +26,12 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
+
 from ..engine import Engine
+from ..engine.adaptive import AdaptiveDraftLength, BatchDraftLength
 from ..engine.batch import Verified, batchable, verify_together
+from ..engine.conversation import Conversation
 from ..engine.turn import Pause, Verify
 from ..events import Event, TokenEvent, TurnEnd
 from ..sampling import SamplingConfig
@@ -70,6 +80,7 @@ class Scheduler:
         self._closed = False
         self._arrived = threading.Event()  # a request came: idle work gives way
         self.metrics = Metrics()
+        self.batch = BatchDraftLength()  # the cap on a cycle's drafts, and its cycles' costs
         self.running = 0
         self._thread = threading.Thread(target=self._run, name="mlx-spec-engine", daemon=True)
         self._thread.start()
@@ -104,8 +115,6 @@ class Scheduler:
     def _run(self) -> None:
         """The engine thread, on an MLX stream of its own, freed when it ends (MLX streams are
         per thread; a thread that ends holding one can abort the process at exit)."""
-        import mlx.core as mx
-
         mx.set_default_stream(mx.new_stream(mx.default_device()))
         try:
             self._loop()
@@ -123,27 +132,48 @@ class Scheduler:
                 if self._closed and not running and not self._waiting:
                     return
                 while self._waiting and len(running) < self.max_concurrency:
-                    job = self._waiting.popleft()
-                    running.append(_Running(job, self._start(job)))
+                    running.append(self._start(self._waiting.popleft()))
                 self.running = len(running)
             running = self._cycle(running)
             self.running = len(running)
 
     def _cycle(self, running: list[_Running]) -> list[_Running]:
         """Every request to its next verify (or one plain step), then one pass for all."""
+        start = time.perf_counter()
+        capped = self._cap(running)
         running = [run for run in running if self._advance(run)]
         rounds = [run for run in running if isinstance(run.item, Verify)]
         if rounds:
             together = [(run.item.conv, run.item.draft) for run in rounds]
             try:
                 results = verify_together(together)
+                if capped:  # the pass synced here, so the cycle is timed whole
+                    mx.eval([a for pair in results for a in pair if a is not None])
             except Exception:  # noqa: BLE001 - each verifies alone: an error reaches its own job
                 results = [None] * len(rounds)
             for run, result in zip(rounds, results, strict=True):
                 run.reply, run.item = result, None
             one = batchable([conv for conv, _ in together]) and results[0] is not None
             self.metrics.verified(1 if one else len(rounds), len(rounds))
+            if capped and one and len(rounds) > 1 and len(rounds) == len(running):
+                # (not a cycle that ran a prefill chunk: a row without a round paused)
+                self.batch.observe(len(rounds), max(draft.k for _, draft in together),
+                                   time.perf_counter() - start)
         return running
+
+    def _cap(self, running: list[_Running]) -> bool:
+        """Set this cycle's cap on every `auto` row's draft length (BatchDraftLength): the
+        rows whose turn has begun, if there are two or more and they verify in one pass; else
+        no cap, each policy choosing alone. True when capped."""
+        rows = [run for run in running if run.conv.policy is not None]
+        policies: list[AdaptiveDraftLength] = [run.conv.policy for run in rows]
+        cap = None
+        if len(rows) > 1 and batchable([run.conv for run in rows]):
+            costs = self.engine.costs(policies[0].k_max).verify
+            cap = self.batch.cap(policies, costs)
+        for policy in policies:
+            policy.cap = cap
+        return cap is not None
 
     def _advance(self, run: _Running) -> bool:
         """Run the request's turn up to its next verify pass, or through one plain step;
@@ -177,10 +207,10 @@ class Scheduler:
         self._arrived.clear()
         engine.calibrate(stop=self._arrived)
 
-    def _start(self, job: Job) -> Generator[Event | Verify | Pause, Verified | None, None]:
+    def _start(self, job: Job) -> _Running:
         conv = self.engine.conversation()
-        return conv.steps(job.prompt, max_tokens=job.max_tokens, sampling=job.sampling,
-                          stop=job.stop)
+        return _Running(job, conv, conv.steps(job.prompt, max_tokens=job.max_tokens,
+                                              sampling=job.sampling, stop=job.stop))
 
     def _hand(self, job: Job, event: Event) -> bool:
         """Hand the job an event; False when it was the job's last."""
@@ -204,6 +234,7 @@ class _Running:
     """A running request: its turn, and what the turn waits for (its Verify, then its reply)."""
 
     job: Job
+    conv: Conversation  # its policy (set once the turn begins) takes each cycle's cap
     turn: Generator[Event | Verify | Pause, Verified | None, None]
     item: Verify | None = None
     reply: Verified | None = None
