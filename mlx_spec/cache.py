@@ -203,3 +203,41 @@ def nbytes(caches: list[Any]) -> int:
         except (AttributeError, TypeError):
             pass
     return total
+
+
+def difference(got: list[Any], want: list[Any]) -> float:
+    """The largest difference between two cache lists of one model (e.g. a cache after
+    speculation and a fresh prefill of its committed tokens): every K/V entry a future query
+    can see, every recurrent state; inf where their shapes or lengths differ."""
+    worst = 0.0
+
+    def gap(a: mx.array, b: mx.array) -> float:
+        if a.shape != b.shape:
+            return float("inf")
+        return mx.max(mx.abs(a.astype(mx.float32) - b.astype(mx.float32))).item() if a.size \
+            else 0.0
+
+    for a, b in zip(got, want, strict=True):
+        if isinstance(a, RecurrentCache):
+            for x, y in zip(a.cache, b.cache, strict=True):
+                if (x is None) != (y is None):
+                    return float("inf")
+                worst = max(worst, gap(x, y) if x is not None else 0.0)
+            continue
+        if a.offset != b.offset:
+            return float("inf")
+        for x, y in zip(_visible(a), _visible(b), strict=True):
+            worst = max(worst, gap(x, y))
+    return worst
+
+
+def _visible(c: Any) -> tuple[mx.array, mx.array]:
+    """(keys, values) a future query can read, dequantized."""
+    k, v = c.keys_and_values() if hasattr(c, "keys_and_values") else c.state[:2]
+    if isinstance(k, tuple | list):  # QuantizedKVCache: (w, scales, biases)
+        k = mx.dequantize(*k, group_size=c.group_size, bits=c.bits)
+        v = mx.dequantize(*v, group_size=c.group_size, bits=c.bits)
+    if isinstance(c, WindowKVCache):  # only the window matters
+        w = c.window - 1
+        k, v = k[..., -w:, :], v[..., -w:, :]
+    return k, v

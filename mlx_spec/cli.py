@@ -65,6 +65,17 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "assistant's), else auto")
 
 
+def add_split_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hostfile", default=None,
+                   help="split the target over the machines of this mlx hostfile "
+                        "(mlx.distributed_config writes one; the first host is this one)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--pipeline", dest="split", action="store_const", const="pipeline",
+                     help="split by layers (default where mlx-lm can)")
+    how.add_argument("--tensor", dest="split", action="store_const", const="tensor",
+                     help="split every layer's heads and MLP")
+
+
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -82,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate one answer and print it")
     add_model_options(g)
+    add_split_options(g)
     add_sampling_options(g)
     g.add_argument("--prompt", "-p", required=True)
     g.add_argument("--raw", action="store_true", help="no chat template")
@@ -98,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--draft-model")
     c.add_argument("--mtp")
     c.add_argument("--num-draft", "-k", default=None)
+    add_split_options(c)
 
     t = sub.add_parser("train-drafter", help="distil an MTP head for a target")
     t.add_argument("--target", required=True)
@@ -123,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--draft-model")
     sv.add_argument("--mtp")
     sv.add_argument("--num-draft", "-k", default=None)
+    add_split_options(sv)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8080)
     sv.add_argument("--api-key", default=None,
@@ -216,7 +230,8 @@ def spec_from_args(args: argparse.Namespace) -> LoadSpec:
         raise MlxSpecError(f"--num-draft: {e}") from None
     return LoadSpec(model=getattr(args, "model", None), drafter=getattr(args, "drafter", "auto"),
                     draft_model=getattr(args, "draft_model", None), mtp=getattr(args, "mtp", None),
-                    num_draft=num_draft, kv_bits=getattr(args, "kv_bits", None))
+                    num_draft=num_draft, kv_bits=getattr(args, "kv_bits", None),
+                    hostfile=getattr(args, "hostfile", None), split=getattr(args, "split", None))
 
 
 SAMPLING_FLAGS = {"temperature": "--temp", "top-p": "--top-p", "top-k": "--top-k",
@@ -396,6 +411,8 @@ def summary_line(s: Any) -> str:
                  f"{s.tokens_per_pass:.2f} tokens/pass")
         line += f", drafter mem {s.drafter_bytes / 2**20:.1f} MB"
     line += f", KV {s.kv_cache_bytes / 2**20:.1f} MB"
+    if s.ranks > 1:
+        line += f", target split {s.split}, {s.target_bytes / 2**20:.1f} MB of it here"
     if s.generated_tokens > 1:
         line += (f", ITL p50/p90/max {s.itl_p50_s * 1e3:.0f}/{s.itl_p90_s * 1e3:.0f}/"
                  f"{s.itl_max_s * 1e3:.0f} ms")

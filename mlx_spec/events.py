@@ -59,13 +59,15 @@ class TurnStats:
     itl_p90_s: float = 0.0
     itl_max_s: float = 0.0
     peak_memory: int = 0
-    target_bytes: int = 0
+    target_bytes: int = 0  # of this machine's part, when the target is split
     drafter_bytes: int = 0
     kv_cache_bytes: int = 0
     drafter: str = "none"
     max_draft: int = 0  # the longest draft a round could use: k, or auto's ceiling
     adaptive: bool = False
     finish_reason: str = ""
+    ranks: int = 1  # machines the target is split over
+    split: str = ""  # how, e.g. "pipeline over 2 ranks (ring)"
 
     @property
     def acceptance_rate(self) -> float:

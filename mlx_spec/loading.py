@@ -120,17 +120,41 @@ def load_engine(spec: LoadSpec | None = None):
             )
         if draft_model is None and spec.drafter == "draft":
             draft_model = demo_model(DEMO_DRAFT)
-    target, tokenizer = load_target(model)
+    target, tokenizer = load_split_or_whole(model, spec)
     chosen = spec.drafter
     if chosen == "auto":
         chosen = ("draft" if draft_model else
                   "mtp" if (spec.mtp or find_mtp_head(model, target)) else "none")
     d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=spec.mtp)
+    if target.ranks > 1:
+        check_split_drafter(d)
     num_draft = spec.num_draft
     if num_draft is None:  # the drafter's own length where its files give one, else auto
         own = getattr(d, "default_k", None)
         num_draft = min(own, MAX_DRAFT) if own else "auto"
     return Engine(target, tokenizer, d, draft_length=num_draft, kv_bits=spec.kv_bits)
+
+
+def load_split_or_whole(model: str | Path, spec: LoadSpec) -> tuple[TargetModel, Any]:
+    """The target on this machine, or split over the hostfile's (distributed/launch.py)."""
+    if spec.hostfile is None:
+        return load_target(model)
+    from .distributed.launch import load_split
+
+    whole, tokenizer = load_target(model, lazy=True)  # each rank reads only its part
+    return load_split(whole, hostfile=spec.hostfile, mode=spec.split), tokenizer
+
+
+def check_split_drafter(drafter: Any) -> None:
+    """Drafters that read the target's KV cache directly cannot follow it onto other machines
+    (a tensor split holds a slice of every layer's heads; a pipeline the layers elsewhere)."""
+    reads_kv = drafter is not None and (
+        drafter.name == "draft-assistant" or getattr(getattr(drafter, "cfg", None), "kind",
+                                                     None) == "shared-kv")
+    if reads_kv:
+        raise ModelLoadError(f"the {drafter.name} drafter reads the target's own KV cache, "
+                             "which is split over the machines: use a draft model, a "
+                             "published MTP head (nextn), EAGLE-3 (--tensor) or --drafter ngram")
 
 
 def make_drafter(kind: str, target: TargetModel, *, model_path=None, draft_model=None, mtp=None):

@@ -24,6 +24,15 @@ class TargetModel:
     tokenizer: Any = None  # the mlx-lm tokenizer loaded with it (drafters compare vocabularies)
 
     @property
+    def ranks(self) -> int:
+        """Machines the target is split over (distributed/target.py: more than 1)."""
+        return 1
+
+    @property
+    def split_label(self) -> str:
+        return ""
+
+    @property
     def text(self) -> nn.Module:
         """The language model: the model itself, or its `language_model` (Qwen3.5, Gemma 3/4
         checkpoints carry a text model inside a multimodal wrapper)."""
@@ -56,6 +65,11 @@ class TargetModel:
         model's own final soft-cap (Gemma 2 / 4: logits = cap · tanh(logits / cap))."""
         if "lm_head" in self.text:
             logits = self.text.lm_head(hidden)
+            group = getattr(self.text, "sharding_group", None)
+            if group is not None:  # a tensor-parallel head holds a slice of the vocabulary
+                from mlx_lm.models.base import gather_last_axis
+
+                logits = gather_last_axis(logits, group)
         else:
             logits = self.backbone.embed_tokens.as_linear(hidden)
         cap = getattr(self.text, "final_logit_softcapping", None)
@@ -112,19 +126,19 @@ class TargetModel:
 
     def exposes_taps(self, taps: tuple[int, ...]) -> bool:
         """True if the tapped loop reproduces the model's own logits (its layers are plain)."""
-        try:
-            x = mx.array([[1, 2]])
-            h, _ = self._run_tapped(x, None, taps)
-            return bool(mx.allclose(self.model(x), self.head(h), atol=1e-4, rtol=1e-4).item())
-        except Exception:
-            return False
+        return self._same_logits(taps)
 
     def exposes_hidden(self) -> bool:
         """True if backbone + head reproduces the model's own logits (so MTP heads can use h)."""
+        return self._same_logits(True)
+
+    def _same_logits(self, hidden: bool | tuple[int, ...]) -> bool:
+        """Do the model's own logits equal those of the path that also returns `hidden`? (Both
+        through forward_rows, so a split target checks on every rank alike.)"""
         try:
             x = mx.array([[1, 2]])
-            a = self.model(x)
-            b = self.head(self.backbone(x))
+            a, _ = self.forward_rows(x, None)
+            b, _ = self.forward_rows(x, None, hidden=hidden)
             return bool(mx.allclose(a, b, atol=1e-4, rtol=1e-4).item())
         except Exception:
             return False

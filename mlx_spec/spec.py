@@ -14,6 +14,7 @@ from .kinds import DRAFTERS
 MAX_DRAFT = 16  # the longest fixed draft length anyone may ask for
 AUTO_MAX_DRAFT = 8  # the longest draft `auto` may choose (its verify costs are measured to it)
 KV_BITS = (4, 8)
+SPLITS = ("pipeline", "tensor")
 
 DraftLength = int | Literal["auto"]
 
@@ -64,7 +65,9 @@ class LoadSpec:
         draft_model, else none).
     draft_model / mtp: a draft model (or assistant, EAGLE-3 head, MTP sidecar) / an MTP head.
     num_draft: tokens drafted per round (1..MAX_DRAFT), "auto", or None (the drafter's own).
-    kv_bits: quantize the target's KV cache to 4 or 8 bits (None: not)."""
+    kv_bits: quantize the target's KV cache to 4 or 8 bits (None: not).
+    hostfile: split the target over the machines of this mlx hostfile (distributed/), by
+        `split` ("pipeline" or "tensor"; None: pipeline where mlx-lm has it, else tensor)."""
 
     model: str | None = None
     drafter: str = "auto"
@@ -72,9 +75,11 @@ class LoadSpec:
     mtp: str | None = None
     num_draft: DraftLength | None = None
     kv_bits: int | None = None
+    hostfile: str | None = None
+    split: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("model", "draft_model", "mtp"):  # paths travel as text (pickles, JSON)
+        for name in ("model", "draft_model", "mtp", "hostfile"):  # paths travel as text
             value = getattr(self, name)
             if isinstance(value, Path):
                 object.__setattr__(self, name, str(value))
@@ -84,6 +89,11 @@ class LoadSpec:
         check_draft_length(self.num_draft)
         if self.kv_bits is not None and self.kv_bits not in KV_BITS:
             raise MlxSpecError(f"kv bits must be 4 or 8, got {self.kv_bits!r}")
+        if self.split is not None and self.split not in SPLITS:
+            raise MlxSpecError(f"split must be one of {', '.join(SPLITS)}, got {self.split!r}")
+        if self.split is not None and self.hostfile is None:
+            raise MlxSpecError("--pipeline / --tensor split the target over machines: give "
+                               "--hostfile too")
 
     def with_model(self, model: str | Path | None) -> LoadSpec:
         return replace(self, model=None if model is None else str(model))

@@ -19,6 +19,7 @@ FLOORS = {
     "mlx_spec.hub": 1,
     "mlx_spec.engine": 2,
     "mlx_spec.loading": 3,
+    "mlx_spec.distributed": 3,
     "mlx_spec.service": 4,
     "mlx_spec.process": 4,
     "mlx_spec._child": 4,

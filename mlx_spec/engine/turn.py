@@ -256,6 +256,8 @@ def turn_stats(conv: Conversation, prompt: list[int], reused: int, prefill_s: fl
         max_draft=conv.max_draft if conv.drafter is not None else 0,
         adaptive=conv.policy is not None,
         finish_reason=finish,
+        ranks=conv.target.ranks,
+        split=conv.target.split_label,
     )
 
 

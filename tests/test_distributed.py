@@ -1,0 +1,176 @@
+"""The target split over 2 ranks on 127.0.0.1 (mlx's ring backend, started by our own
+launcher from a hostfile): greedy output identical to one machine and to target-only, for a
+pipeline split of the Qwen3.5-layout hybrid with its published MTP head and a tensor split of
+a llama with a draft model and with n-gram, k in {1, 3, auto}; every rank's caches equal a
+recompute after every round; one command message per target forward whatever k; χ² at T = 1;
+a rank killed mid-answer ends rank 0 with one line; bad splits and mismatched hosts refused in
+one line. Rank 0 runs in a child (tests/distributed_driver.py): a process joins one group."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten, tree_unflatten
+from test_engine_sampling import chi2_pvalue, target_joint
+
+from mlx_spec.distributed.hosts import HostfileError, read_hostfile
+from mlx_spec.distributed.ranks import verdict
+from mlx_spec.errors import MlxSpecError
+from mlx_spec.loading import load_engine, load_target
+from mlx_spec.sampling import SamplingConfig
+from mlx_spec.spec import LoadSpec
+from mlx_spec.train.modeldir import build_model, save_model_dir
+
+HERE = Path(__file__).parent
+PROMPT = [(i * 29) % 300 + 5 for i in range(20)]
+# llama with 2 KV heads, so a tensor split gives each rank one
+LLAMA = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+             num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=384,
+             max_position_embeddings=512, model_type="llama", tie_word_embeddings=False,
+             rope_theta=10000.0)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory, tokenizer_dir):
+    """{name: model dir}: the hybrid checkpoint with its MTP module (HF layout, a head that
+    partly agrees with its trunk), a llama, and a draft model blended from it."""
+    import published as pub
+    from conftest import _scale_head
+
+    root = tmp_path_factory.mktemp("split")
+    model, head = pub.build_pair("qwen3_5", agree=True, noise=0.3)
+    out = {"hybrid": pub.write_checkpoint(root / "hybrid", "qwen3_5", model, head,
+                                          tokenizer_dir)}
+    target, other = build_model(LLAMA, seed=0), build_model(LLAMA, seed=1)
+    _scale_head(target)
+    a, b = dict(tree_flatten(target.parameters())), dict(tree_flatten(other.parameters()))
+    draft = build_model(LLAMA)
+    draft.update(tree_unflatten([(k, 0.9 * a[k] + 0.1 * b[k]) for k in a]))
+    mx.eval(draft.parameters())
+    for name, m in (("llama", target), ("draft", draft)):
+        save_model_dir(root / name, m, LLAMA, tokenizer_dir=tokenizer_dir)
+        out[name] = root / name
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def hostfile(tmp_path):
+    p = tmp_path / "hosts.json"
+    p.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
+    return p
+
+
+def drive(job: dict, hostfile: Path, timeout: float = 240) -> dict:
+    env = {**os.environ, "MLX_SPEC_PORT": str(_free_port())}
+    done = subprocess.run([sys.executable, str(HERE / "distributed_driver.py"),
+                           json.dumps({**job, "hostfile": str(hostfile)}, default=str)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def one_machine(model: Path, max_tokens: int) -> list[int]:
+    """Target-only greedy on one machine: the reference every split run must equal."""
+    conv = load_engine(LoadSpec(model=str(model), drafter="none")).conversation()
+    return list(list(conv.generate(PROMPT, max_tokens=max_tokens, ignore_eos=True))[-1].tokens)
+
+
+def assert_split_runs_exact(result: dict, want: list[int], mode: str) -> None:
+    assert result["ranks"] == 2 and result["split"].startswith(mode)
+    for turn in result["turns"]:
+        assert turn["tokens"][0] == want  # token for token (these fixtures have no near-tie)
+        assert len(turn["worst"]) == 2 and max(turn["worst"]) < 1e-4, turn["worst"]
+        # one command per forward, whatever k: the network cost per pass does not grow
+        assert turn["messages"] == turn["forwards"], (turn["messages"], turn["forwards"])
+        assert turn["stats_ranks"] == 2 and turn["stats_split"] == result["split"]
+
+
+def test_pipeline_split_of_the_hybrid_with_its_mtp_head_is_exact(dirs, hostfile):
+    want = one_machine(dirs["hybrid"], 40)
+    turns = [{"prompt": PROMPT, "max_tokens": 40, "k": k, "check": True} for k in (1, 3, "auto")]
+    result = drive({"model": dirs["hybrid"], "drafter": "mtp", "turns": turns}, hostfile)
+    assert_split_runs_exact(result, want, "pipeline")
+    assert sum(t["accepted"] for t in result["turns"]) > 0  # the head loaded right
+    whole = load_target(dirs["hybrid"])[0].nbytes()
+    assert 0 < result["turns"][0]["target_bytes"] < whole  # rank 0 holds only its part
+
+
+def test_tensor_split_with_a_draft_model_and_ngram_is_exact(dirs, hostfile):
+    want = one_machine(dirs["llama"], 40)
+    turns = [{"prompt": PROMPT, "max_tokens": 40, "k": k, "check": True} for k in (1, 3, "auto")]
+    result = drive({"model": dirs["llama"], "drafter": "draft", "draft_model": dirs["draft"],
+                    "turns": turns}, hostfile)
+    assert_split_runs_exact(result, want, "tensor")
+    assert all(t["accepted"] > 0 for t in result["turns"][:2])  # the draft model is used
+    ngram = drive({"model": dirs["llama"], "drafter": "ngram", "turns": [turns[1]]}, hostfile)
+    assert_split_runs_exact(ngram, want, "tensor")
+
+
+def test_sampling_over_a_split_is_the_targets_distribution(dirs, hostfile):
+    cfg = dict(temperature=1.0, top_k=4)
+    runs = 1000
+    turn = {"prompt": PROMPT[:12], "max_tokens": 2, "k": 2, "seed": 0, "sampling": cfg,
+            "repeat": runs, "reseed": True}
+    result = drive({"model": dirs["llama"], "drafter": "draft", "draft_model": dirs["draft"],
+                    "turns": [turn]}, hostfile)
+    pairs = [tuple(t) for t in result["turns"][0]["tokens"]]
+    target, _ = load_target(dirs["llama"])
+    pval = chi2_pvalue(pairs, target_joint(target, SamplingConfig(**cfg), prompt=PROMPT[:12]))
+    print(f"split χ² p = {pval:.3f}")
+    assert pval > 1e-3
+
+
+def test_a_killed_rank_ends_rank_0_with_one_line(dirs, hostfile):
+    env = {**os.environ, "MLX_SPEC_PORT": str(_free_port())}
+    job = {"model": str(dirs["llama"]), "hostfile": str(hostfile), "hang": True, "turns": []}
+    p = subprocess.Popen([sys.executable, str(HERE / "distributed_driver.py"), json.dumps(job)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = json.loads(p.stdout.readline())["pids"]
+        time.sleep(0.5)  # mid-answer
+        os.kill(pids[0], signal.SIGKILL)
+        code = p.wait(timeout=30)
+    finally:
+        p.kill()
+    err = p.stderr.read().strip().splitlines()
+    assert code != 0
+    assert err and err[-1].startswith("mlx-spec: rank 1 (127.0.0.1) exited"), err[-3:]
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_bad_splits_and_hostfiles_are_one_line(dirs, tmp_path, hostfile):
+    with pytest.raises(MlxSpecError, match="cannot be split by pipeline"):
+        load_engine(LoadSpec(model=str(dirs["llama"]), drafter="none", hostfile=str(hostfile),
+                             split="pipeline"))
+    bad = tmp_path / "bad.json"
+    for text, match in (("{", "not a JSON hostfile"), ('[{"ssh": "127.0.0.1"}]', "at least 2"),
+                        ('[{"ips": []}, {"ssh": "b"}]', "no \"ssh\""),
+                        ('[{"ssh": "a"}, {"ssh": "b"}]', "needs \"ips\""),
+                        ('{"backend": "mpi", "hosts": []}', "mlx.launch")):
+        bad.write_text(text)
+        with pytest.raises(HostfileError, match=match):
+            read_hostfile(bad)
+
+
+def test_hosts_must_agree_on_versions_and_model_files():
+    ok = {"versions": "mlx-spec 0.1.0, mlx 0.32.4, mlx-lm 0.32.2", "model": "abc"}
+    hosts = ["mac1", "mac2"]
+    assert verdict([ok, ok], hosts, "/m") is None
+    assert "mac2" in verdict([ok, {**ok, "versions": "mlx-spec 0.2.0"}], hosts, "/m")
+    assert "no model" in verdict([ok, {**ok, "model": "missing"}], hosts, "/m")
+    assert "different model files" in verdict([ok, {**ok, "model": "abd"}], hosts, "/m")
