@@ -6,7 +6,8 @@ import pytest
 from helpers import PROMPT, assert_same_or_near_tie, conversation, run
 
 from mlx_spec.drafters import DraftModelDrafter
-from mlx_spec.engine.adaptive import AdaptiveDraftLength, BatchDraftLength
+from mlx_spec.engine.adaptive import AdaptiveDraftLength
+from mlx_spec.engine.batch_length import BatchDraftLength
 from mlx_spec.engine.costs import measure_verify_costs
 
 

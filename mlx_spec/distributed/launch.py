@@ -107,7 +107,8 @@ def start_workers(hostfile: Hostfile, args: dict, port: int) -> tuple[list, list
                 env[var] = _temp_file(content)
             out = _log_file(rank)
             p = subprocess.Popen(cmd, env={**os.environ, **env}, stdin=subprocess.PIPE,
-                                 stdout=out, stderr=subprocess.STDOUT, cwd=os.getcwd())
+                                 stdout=out, stderr=subprocess.STDOUT, cwd=os.getcwd(),
+                                 start_new_session=True)  # a ctrl+c reaches rank 0 only
             threading.Thread(target=_tail, args=(out.name, log, p), daemon=True).start()
         else:
             p = subprocess.Popen(["ssh", "-o", "BatchMode=yes", host.ssh,

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,10 @@ def run_forward(target: TargetModel, cmd: Command, caches: dict[int, list[Any]],
         lengths = [n for _, n in rows]
         cache = [rows_of([caches[cid][i] for cid, _ in rows], lengths)
                  for i in range(len(caches[rows[0][0]]))]
+        # a pipeline rank that sends ties its send into its last cache (mlx-lm's
+        # `cache[-1].keys = mx.depends(...)`); a batch view keeps no keys of its own, so it
+        # gets a placeholder to tie to (the send is in the outputs evaluated below anyway)
+        cache[-1].keys = mx.array(0)
     else:
         cache = caches[f.cid]
     hidden = f.taps if f.hidden == 2 else bool(f.hidden)
@@ -75,6 +81,7 @@ def _exit_with_parent() -> None:
                 pass
         except (OSError, ValueError):
             pass
+        time.sleep(2)  # a QUIT on its way ends the main thread first, cleanly
         os._exit(3)
 
     threading.Thread(target=watch, daemon=True).start()
@@ -86,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from .ranks import agree, load_part
 
     args = json.loads((argv or sys.argv[1:])[0])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ctrl+c is rank 0's to handle: it says quit
     _exit_with_parent()
     group = mx.distributed.init(backend=args.get("backend", "ring"), strict=True)
     try:
@@ -95,8 +103,14 @@ def main(argv: list[str] | None = None) -> int:
                            args["mode"])
     except MlxSpecError:  # every rank reached the same verdict; rank 0 says it
         return 1
-    follow(target, group)
-    return 0
+    try:
+        follow(target, group)
+    except Exception as e:  # noqa: BLE001 - one line for rank 0's watch, then gone
+        from ..errors import user_message
+
+        print(f"rank {group.rank()}: {user_message(e, 'failed')}", file=sys.stderr, flush=True)
+        os._exit(1)  # (not sys.exit: the stdin watcher would block interpreter shutdown)
+    os._exit(0)
 
 
 if __name__ == "__main__":

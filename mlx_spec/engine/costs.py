@@ -113,3 +113,14 @@ def smooth_linear(costs: Sequence[float]) -> tuple[float, ...]:
     slope = max(0.0, sum((x - mx_) * (c - my) for x, c in zip(xs, costs, strict=True)) / var)
     intercept = my - slope * mx_
     return tuple(max(intercept + slope * x, 1e-6) for x in xs)
+
+
+def shrunk_line(sums: Sequence[float], b0: float, weight: float) -> tuple[float, float]:
+    """(a, b) of the weighted least-squares line t = a + b·x through the sums Σw, Σw·x, Σw·x²,
+    Σw·t, Σw·x·t, its slope shrunk toward b0 with `weight` (in units of Σw(x − x̄)²: points
+    all at one x keep b0 and fix the level), and at least 0."""
+    w, sx, sxx, st, sxt = sums
+    xbar, tbar = sx / w, st / w
+    spread, cov = sxx - w * xbar**2, sxt - w * xbar * tbar  # Σw(x − x̄)², Σw(x − x̄)(t − t̄)
+    b = max((cov + weight * b0) / (spread + weight), 0.0)
+    return tbar - b * xbar, b

@@ -29,8 +29,9 @@ from typing import Any
 import mlx.core as mx
 
 from ..engine import Engine
-from ..engine.adaptive import AdaptiveDraftLength, BatchDraftLength
+from ..engine.adaptive import AdaptiveDraftLength
 from ..engine.batch import Verified, batchable, verify_together
+from ..engine.batch_length import BatchDraftLength
 from ..engine.conversation import Conversation
 from ..engine.turn import Pause, Verify
 from ..events import Event, TokenEvent, TurnEnd

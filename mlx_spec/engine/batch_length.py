@@ -1,0 +1,104 @@
+"""The server's cap on a batched cycle's draft length: several conversations verified in ONE
+target pass price one more draft at the batch's tokens, not one row's (see the class)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .costs import shrunk_line
+
+if TYPE_CHECKING:
+    from .adaptive import AdaptiveDraftLength
+
+
+class BatchDraftLength:
+    """The most drafts a row may make in a cycle that verifies B >= 2 conversations in ONE
+    target pass (the server's scheduler; alone, a policy is uncapped).
+
+    Alone, a round of k drafts is priced by its own pass c(k+1), whose slope is small where
+    the target is memory-bound. A batch shares one pass, and batch.py right-pads every row to
+    the widest: a cycle whose rows draft up to k carries B·(k+1) tokens through the target, so
+    one more draft each costs ~B tokens' worth and, once the pass is compute-bound, more than
+    the B·α tokens it brings. A cycle (every row's drafting and host work, then the pass) costs
+
+        T_B(k) = H + k·Σ_r d_r + V(B·(k+1))        (V(q): a pass over q tokens)
+
+    and emits N_B(k) = Σ_r E_r(k) tokens, E_r from row r's own acceptance estimates (the
+    policy's expectation, `AdaptiveDraftLength.expected`); N_B(0) = B: every row plain, the
+    batch's B tokens at the cost of a B-token pass. The cap is argmax_k N_B(k) / T_B(k): k = 0,
+    speculation off for the cycle, wherever no common k beats plain decoding in tokens/second.
+
+    One k for all rows, not one per row: with right-padding a row drafting less than the
+    widest saves only its own drafting time. Each row drafts min(its own choice, cap), so its
+    climbs, probes and plain probes still run below the cap; a row whose own policy is off
+    counts as plain (one token, no drafting). B = 1 is no cap: the policy alone, as it was.
+
+    T_B is measured, not assumed. Each batch size B opens with a plain cycle, which times
+    T_B(0) itself; from then on T_B is a line a + b·k by least squares over the cycles timed
+    at that size (forgetting `keep` per cycle), its slope shrunk toward the model's
+    b0 = Σ_r d_r + B·s with weight `slope_weight` (s: the calibrated c's slope per token, so
+    b0 extrapolates the one-row line c(1) + s·(q − 1) past its table, q ≤ k_max + 1). Where
+    the pass turns compute-bound its slope grows past b0, and the cycles drafted at that size
+    correct it. Cycles all at one k would leave the slope at b0, so now and then a cycle runs
+    one draft below the best, as rarely as keeps its loss (1 − rate(k−1)/rate(k) of a cycle,
+    as estimated) within `probe_budget` of the cycles between (at most one in
+    `explore_every`); as the drafted cycles' evidence fades, b0 regains its weight, so a batch
+    size where speculation was off tries it again now and then."""
+
+    def __init__(self, *, keep: float = 0.99, slope_weight: float = 0.5,
+                 explore_every: int = 8, probe_budget: float = 0.01):
+        self.keep, self.slope_weight = keep, slope_weight
+        self.explore_every, self.probe_budget = explore_every, probe_budget
+        self.fits: dict[int, list[float]] = {}  # B → Σw, Σw·k, Σw·k², Σw·t, Σw·k·t
+        self.since_probe = 0  # cycles since one ran below the best
+
+    def cap(self, policies: Sequence[AdaptiveDraftLength],
+            verify_costs: Sequence[float]) -> int | None:
+        """The cap for a cycle over these rows' policies (None for fewer than two rows);
+        verify_costs: the calibrated c(q), q = 1..k_max + 1 (its slope gives b0)."""
+        if len(policies) < 2:
+            return None
+        if len(policies) not in self.fits:
+            return 0  # a batch size's first cycle: plain, its time is T_B(0)
+        top = min(p.k_max for p in policies)
+        tokens = self.expected_tokens(policies, top)
+        drafting = sum(p.draft_cost for p in policies if p.on)
+        seconds = self.cycle_costs(len(policies), top, drafting, verify_costs)
+        rate = [n / t for n, t in zip(tokens, seconds, strict=True)]
+        return self.explore(max(range(top + 1), key=rate.__getitem__), rate)
+
+    @staticmethod
+    def expected_tokens(policies: Sequence[AdaptiveDraftLength], top: int) -> list[float]:
+        """N_B(k) = Σ_r E_r(k) for k = 0..top; a row whose own policy is off adds 1."""
+        rows = [p.expected()[: top + 1] if p.on else [1.0] * (top + 1) for p in policies]
+        return [sum(col) for col in zip(*rows, strict=True)]
+
+    def cycle_costs(self, rows: int, top: int, drafting: float,
+                    verify_costs: Sequence[float]) -> list[float]:
+        """T_B(k) for k = 0..top, the line fitted to this batch size's cycles (at least one
+        timed); drafting: Σ_r d_r, the seconds one more common draft adds to the drafting."""
+        c = verify_costs
+        s = (c[-1] - c[0]) / max(len(c) - 1, 1)  # the calibrated line's slope per token
+        a, b = shrunk_line(self.fits[rows], drafting + rows * s, self.slope_weight)
+        return [max(a + b * k, 1e-6) for k in range(top + 1)]
+
+    def explore(self, best: int, rate: Sequence[float]) -> int:
+        """best, or now and then best − 1 (see the class: the line's slope needs two k's)."""
+        if best == 0:
+            return 0
+        self.since_probe += 1
+        loss = max(0.0, 1 - rate[best - 1] / rate[best])
+        if self.since_probe >= max(self.explore_every, math.ceil(loss / self.probe_budget)):
+            self.since_probe = 0
+            return best - 1
+        return best
+
+    def observe(self, rows: int, k: int, seconds: float) -> None:
+        """A cycle verified `rows` rows, the widest with k drafts, in `seconds` (its drafting,
+        host work and pass: the pass synced inside it)."""
+        fit = self.fits.get(rows, [0.0] * 5)
+        self.fits[rows] = [self.keep * f + x
+                           for f, x in zip(fit, (1.0, k, k * k, seconds, k * seconds),
+                                           strict=True)]
