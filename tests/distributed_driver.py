@@ -7,7 +7,8 @@ asked turns, and print one JSON line with what the test checks.
 Each turn: {"prompt": [...], "max_tokens": n, "k": 1 | 3 | "auto", "seed": s | null,
 "check": true} — check: after every round every rank's caches are compared with a fresh
 prefill of the committed tokens (ShardedTarget.differences), and the command messages per
-target forward are counted. {"hang": true}: print the worker pids, then decode until killed."""
+target forward are counted. {"batch": [prompt, ...]}: those conversations verified together
+(engine/batch.py), checked the same way. {"hang": true}: print the worker pids, then decode until killed."""
 
 from __future__ import annotations
 
@@ -62,7 +63,19 @@ def main() -> None:
         conv = engine.conversation()
         while True:
             list(conv.generate([5, 6, 7], max_tokens=400, ignore_eos=True))
-    for turn in job["turns"]:
+    if job.get("batch"):  # conversations verified together (the server's batch), checked
+        from test_batch import lockstep
+
+        convs = [engine.conversation(draft_length=job.get("k", 3)) for _ in job["batch"]]
+        worst: list[float] = []
+        for conv in convs:
+            checked(conv, worst)
+        ends, sizes = lockstep([c.steps(p, max_tokens=job["max_tokens"], ignore_eos=True,
+                                        sampling=SamplingConfig(temperature=0.0))
+                                for c, p in zip(convs, job["batch"], strict=True)])
+        out["batch"] = {"tokens": [list(e.tokens) for e in ends], "sizes": sizes,
+                        "worst": worst}
+    for turn in job.get("turns", []):
         conv = engine.conversation(draft_length=turn.get("k", 3))
         worst: list[float] = []
         tally = {"forwards": 0, "messages": 0}

@@ -121,6 +121,22 @@ def test_tensor_split_with_a_draft_model_and_ngram_is_exact(dirs, hostfile):
     assert_split_runs_exact(ngram, want, "tensor")
 
 
+def test_batched_verify_over_a_split_is_exact(dirs, hostfile):
+    """The server's batch: several conversations' rounds in one pass, on every rank."""
+    from helpers import assert_same_or_near_tie
+
+    prompts = [PROMPT, PROMPT[:7] + [3, 1, 4, 1, 5], [9] * 4]
+    result = drive({"model": dirs["hybrid"], "drafter": "mtp", "k": 3, "max_tokens": 24,
+                    "batch": prompts}, hostfile)
+    batch = result["batch"]
+    assert max(batch["sizes"]) == 3 and max(batch["worst"]) < 1e-4, batch
+    target, _ = load_target(dirs["hybrid"])
+    for prompt, got in zip(prompts, batch["tokens"], strict=True):
+        conv = load_engine(LoadSpec(model=str(dirs["hybrid"]), drafter="none")).conversation()
+        want = list(list(conv.generate(prompt, max_tokens=24, ignore_eos=True))[-1].tokens)
+        assert_same_or_near_tie(target, prompt, got, want)
+
+
 def test_sampling_over_a_split_is_the_targets_distribution(dirs, hostfile):
     cfg = dict(temperature=1.0, top_k=4)
     runs = 1000
