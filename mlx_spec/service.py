@@ -48,6 +48,7 @@ class EngineInfo:
     drafters: tuple[str, ...]  # the drafter kinds `configure` can switch to
     baseline: Baseline | None = None  # the saved target-only speed (None: not measured yet)
     calibrated: bool = False  # are the target's costs measured (else `auto` reads a prior)?
+    split: str = ""  # how the target is split over machines ("": it is not)
 
 
 class EngineService(Protocol):
@@ -111,7 +112,7 @@ class EngineInThread:
     def info(self) -> EngineInfo:
         c, e = self.conversation, self.engine
         return EngineInfo(c.target.name, drafter_kind(c), c.draft_length, self._kinds,
-                          e.baseline, e.calibrated)
+                          e.baseline, e.calibrated, c.target.split_label)
 
     def measure_baseline(self, *, tokens: int = 64, repeats: int = 3,
                          stop: threading.Event | None = None) -> Baseline | None:

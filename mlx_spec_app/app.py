@@ -160,7 +160,8 @@ class SpecChatApp(App[None]):
     def _show_engine(self) -> None:
         assert self.host.engine is not None
         self.query_one(StatsPanel).show_engine(
-            f"{self.host.engine.info.target}\n{self.host.label()}", self.host.baseline)
+            "\n".join(filter(None, (self.host.engine.info.target, self.host.label(),
+                                    self.host.engine.info.split))), self.host.baseline)
 
     def show_history_notice(self) -> None:
         """The history file's one-line problem (damaged and replaced, or not being saved)."""

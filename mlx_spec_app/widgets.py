@@ -361,7 +361,7 @@ class StatsPanel(VerticalScroll):
         if s is None:
             return
         self.query_one("#memory", Static).update(Content(
-            f"target   {s.target_bytes / MB:7.1f} MB\n"
+            f"target   {s.target_bytes / MB:7.1f} MB" + (" (here)" if s.ranks > 1 else "") + "\n"
             f"drafter  {s.drafter_bytes / MB:7.1f} MB\n"
             f"KV cache {s.kv_cache_bytes / MB:7.1f} MB\n"
             f"peak     {s.peak_memory / MB:7.1f} MB (last turn)"))
