@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("doctor", help="what mlx-spec sees here, and how to fix what is wrong")
     d.add_argument("--json", action="store_true")
+    d.add_argument("--hostfile", help="also check every host of this mlx hostfile: reachable, "
+                                      "the same versions and model files, the backend joined")
+    d.add_argument("--model", help="with --hostfile: the model directory every host needs")
 
     b = sub.add_parser("bench", help="side-by-side speed benchmark")
     b.add_argument("--quick", action="store_true")

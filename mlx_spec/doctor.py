@@ -184,8 +184,66 @@ def run_checks() -> list[Check]:
     return out
 
 
+def check_hosts(hostfile: str, model: str | None) -> list[Check]:
+    """Every host of a hostfile: reachable, the same mlx-spec / MLX / mlx-lm, the model's files
+    the same as here (when a model is named), then the backend itself: a group joined."""
+    import json
+    import subprocess
+
+    from .distributed.hosts import HostfileError, read_hostfile
+
+    try:
+        hf = read_hostfile(hostfile)
+    except HostfileError as e:
+        return [Check("hostfile", False, str(e), "mlx.distributed_config writes one")]
+    probe = [sys.executable, "-m", "mlx_spec.distributed.probe", "about"] + ([model] if model
+                                                                              else [])
+    out, first = [], None
+    for rank, host in enumerate(hf.hosts):
+        cmd = probe if host.local else ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+                                        host.ssh, "cd " + os.getcwd() + " 2>/dev/null; "
+                                        + " ".join(probe)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            answer = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 \
+                else None
+        except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError, OSError):
+            done, answer = None, None
+        name = f"rank {rank}"
+        if answer is None:
+            why = (done.stderr.strip().splitlines() or ["no answer"])[-1] if done else "timed out"
+            out.append(Check(name, False, f"{host.ssh}: {why}",
+                             "make `ssh HOST` work without a password (ssh-copy-id HOST) and "
+                             f"install mlx-spec at {sys.executable} there"))
+            continue
+        first = first or answer
+        problems = []
+        if answer["versions"] != first["versions"]:
+            problems.append((f"runs {answer['versions']}",
+                             f"install {first['versions']} on {host.ssh}"))
+        if answer["model"] == "missing":
+            problems.append((f"no model at {model}", f"copy {model} to {host.ssh}, same path"))
+        elif answer["model"] != first["model"]:
+            problems.append((f"different files at {model}", f"copy {model} to {host.ssh} again"))
+        detail = "; ".join(p for p, _ in problems) or f"{host.ssh}: {answer['versions']}"
+        out.append(Check(name, not problems, detail, "; ".join(f for _, f in problems)))
+    if all(c.ok for c in out):
+        join = [sys.executable, "-m", "mlx_spec.distributed.probe", "join", hostfile]
+        try:
+            done = subprocess.run(join, capture_output=True, text=True, timeout=120)
+            ok, why = done.returncode == 0, (done.stderr.strip().splitlines() or [""])[-1]
+        except subprocess.TimeoutExpired:
+            ok, why = False, "timed out"
+        out.append(Check(hf.backend, ok, f"{hf.size} ranks joined" if ok else why,
+                         "" if ok else "check that every host reaches the hostfile's ips on "
+                         "its ports (a firewall, the wrong interface) and MLX_SPEC_PORT.."))
+    return out
+
+
 def cmd_doctor(args) -> int:
     checks = run_checks()
+    if getattr(args, "hostfile", None):
+        checks += check_hosts(args.hostfile, getattr(args, "model", None))
     if getattr(args, "json", False):
         import json
 

@@ -190,3 +190,19 @@ def test_hosts_must_agree_on_versions_and_model_files():
     assert "mac2" in verdict([ok, {**ok, "versions": "mlx-spec 0.2.0"}], hosts, "/m")
     assert "no model" in verdict([ok, {**ok, "model": "missing"}], hosts, "/m")
     assert "different model files" in verdict([ok, {**ok, "model": "abd"}], hosts, "/m")
+
+
+def test_doctor_checks_every_host(dirs, hostfile, tmp_path, monkeypatch):
+    from mlx_spec.doctor import check_hosts
+
+    monkeypatch.setenv("MLX_SPEC_PORT", str(_free_port()))
+    checks = check_hosts(str(hostfile), str(dirs["llama"]))
+    assert [c.name for c in checks] == ["rank 0", "rank 1", "ring"]
+    assert all(c.ok for c in checks), checks
+    checks = check_hosts(str(hostfile), str(tmp_path / "nowhere"))
+    assert not checks[1].ok and "no model" in checks[1].detail and checks[1].fix
+    unreachable = tmp_path / "far.json"
+    unreachable.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]},
+                                       {"ssh": "nohost.invalid", "ips": ["10.9.9.9"]}]))
+    far = check_hosts(str(unreachable), None)
+    assert far[0].ok and not far[1].ok and "ssh" in far[1].fix

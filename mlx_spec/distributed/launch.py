@@ -96,11 +96,14 @@ def stop(procs: list[subprocess.Popen], wait: float = 5.0) -> None:
             p.kill()
 
 
-def start_workers(hostfile: Hostfile, args: dict, port: int) -> tuple[list, list]:
+def start_workers(hostfile: Hostfile, args: dict, port: int, *,
+                  module: str = "mlx_spec.distributed.worker") -> tuple[list, list]:
+    """A `module` process on every host but the first, with its rank's backend environment
+    (args: its one JSON argument); their last output lines are kept, for the one line."""
     procs, logs = [], []
     for rank, host in enumerate(hostfile.hosts[1:], 1):
         env, files = hostfile.rank_env(rank, port=port)
-        cmd = [sys.executable, "-m", "mlx_spec.distributed.worker", json.dumps(args)]
+        cmd = [sys.executable, "-m", module, json.dumps(args)]
         log: deque = deque(maxlen=20)
         if host.local:
             for var, content in files.items():
