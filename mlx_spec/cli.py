@@ -314,8 +314,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:
         raise MlxSpecError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
     drafter = engine.drafter.name if engine.drafter is not None else "none"
-    print(f"mlx-spec: serving {engine.target.name} (drafter {drafter}, k={engine.draft_length})"
-          f" at {server.url}/v1", file=sys.stderr, flush=True)
+    split = f", target split {engine.target.split_label}" if engine.target.ranks > 1 else ""
+    print(f"mlx-spec: serving {engine.target.name} (drafter {drafter}, k={engine.draft_length}"
+          f"{split}) at {server.url}/v1", file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -8,7 +8,8 @@ Each turn: {"prompt": [...], "max_tokens": n, "k": 1 | 3 | "auto", "seed": s | n
 "check": true} — check: after every round every rank's caches are compared with a fresh
 prefill of the committed tokens (ShardedTarget.differences), and the command messages per
 target forward are counted. {"batch": [prompt, ...]}: those conversations verified together
-(engine/batch.py), checked the same way. {"hang": true}: print the worker pids, then decode until killed."""
+(engine/batch.py), checked the same way. {"hang": true}: print the worker pids, then decode
+until killed."""
 
 from __future__ import annotations
 

@@ -151,22 +151,29 @@ def test_sampling_over_a_split_is_the_targets_distribution(dirs, hostfile):
     assert pval > 1e-3
 
 
-def test_a_killed_rank_ends_rank_0_with_one_line(dirs, hostfile):
-    env = {**os.environ, "MLX_SPEC_PORT": str(_free_port())}
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_a_lost_rank_ends_rank_0_with_one_line(dirs, hostfile, how):
+    """Killed mid-answer, or stopped (alive, silent: SIGSTOP) past MLX_SPEC_RANK_TIMEOUT:
+    rank 0 says so in one line and exits non-zero, and no process is left."""
+    env = {**os.environ, "MLX_SPEC_PORT": str(_free_port()), "MLX_SPEC_RANK_TIMEOUT": "3"}
     job = {"model": str(dirs["llama"]), "hostfile": str(hostfile), "hang": True, "turns": []}
     p = subprocess.Popen([sys.executable, str(HERE / "distributed_driver.py"), json.dumps(job)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        pids = json.loads(p.stdout.readline())["pids"]
+        worker = json.loads(p.stdout.readline())["pids"][0]
         time.sleep(0.5)  # mid-answer
-        os.kill(pids[0], signal.SIGKILL)
+        os.kill(worker, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         code = p.wait(timeout=30)
     finally:
         p.kill()
     err = p.stderr.read().strip().splitlines()
     assert code != 0
-    assert err and err[-1].startswith("mlx-spec: rank 1 (127.0.0.1) exited"), err[-3:]
+    want = "rank 1 (127.0.0.1) exited" if how == "killed" else "no answer from the other ranks"
+    assert err and err[-1].startswith(f"mlx-spec: {want}"), err[-3:]
     assert "Traceback" not in "\n".join(err)
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):  # gone (a stopped one is killed by rank 0)
+        os.kill(worker, 0)
 
 
 def test_bad_splits_and_hostfiles_are_one_line(dirs, tmp_path, hostfile):

@@ -77,7 +77,7 @@ class Watch:
         self.closing = True
         sys.stderr.write(f"mlx-spec: {line}\n")
         sys.stderr.flush()
-        stop(self.procs)
+        stop(self.procs, wait=1.0)
         os._exit(1)
 
 
@@ -93,7 +93,8 @@ def stop(procs: list[subprocess.Popen], wait: float = 5.0) -> None:
         try:
             p.wait(timeout=max(0.1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
+            p.kill()  # (a stopped process too)
+            p.wait()
 
 
 def start_workers(hostfile: Hostfile, args: dict, port: int, *,
