@@ -206,9 +206,13 @@ def load_split(whole: TargetModel, *, hostfile: str | Path, mode: str | None = N
 def _quit(link: Link, watch: Watch) -> None:
     watch.closing = True
     if link.broken or any(p.poll() is not None for p in watch.procs):
-        return  # nobody to tell (stop() ends whoever is left)
+        return  # nobody to tell, or out of step (stop() ends whoever is left)
+    if not link.lock.acquire(timeout=10):  # a thread still mid-step (the server's)
+        return
     try:
         link.queue(Op.QUIT)
         link.send()
     except Exception:  # noqa: BLE001 - a rank already gone: stop() ends it
         pass
+    finally:
+        link.lock.release()

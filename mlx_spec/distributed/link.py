@@ -142,6 +142,9 @@ class Link:
                     self.watch.check()  # a rank that exited: its own line, and the end
                 raise MlxSpecError(f"lost the other ranks during {what}: {first_line(e)}"
                                    ) from None
+            except BaseException:  # e.g. a second ctrl+c between a command and its forward:
+                self.broken = True  # the ranks may be out of step, so nothing more is sent
+                raise
             finally:
                 if self.watch is not None:
                     self.watch.disarm()
