@@ -22,6 +22,7 @@ from typing import Any
 
 from ..drafters import DraftModelDrafter, NgramDrafter
 from ..train.corpus import long_prompt, prompts_from_corpus
+from .distributed import bench_distributed
 from .hybrid import TARGET as HYBRID_TARGET
 from .hybrid import build_hybrid, hybrid_rows
 from .parity import abba, auto_parity, describe, first_turn_parity, target_only_parity
@@ -358,7 +359,7 @@ def bench_first_turn(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str,
 
 
 GROUPS = {"all": bench, "published": bench_published, "first-turn": bench_first_turn,
-          "serve": bench_serve}
+          "serve": bench_serve, "distributed": bench_distributed}
 
 
 def cmd_bench(args) -> int:
