@@ -79,11 +79,11 @@ def test_the_report_from_made_up_numbers(tmp_path):
     one = fake_level(names[:3], 2.0)
     levels = {"0": fake_level(names, 2.0), "0.05": fake_level(names, 1.9),
               "1": fake_level(names, 1.0)}
-    for d, level in levels.items():
+    for d, level in [("one", one), *levels.items()]:
         level.update(probe={"p50_us": 40.0, "min_us": 30.0, "p90_us": 50.0},
                      host={"busy": 0.9, "others": 0.1}, load_average=2.2,
-                     calibration_s={"twin auto": 5.0})
-        if d != "0":
+                     calibration_s={"twin auto": 5.0}, quiet={"waited_s": 0.0, "others": 0.1})
+        if d not in ("0", "one"):
             asked = 1e3 * float(d)
             level["relay"] = {"asked_us": asked, "achieved_us": asked + 25, "p90_us": asked + 40}
             level["relay_runs"] = {"chunks": 9, "bytes": 1, "late_p50_us": 1.0,

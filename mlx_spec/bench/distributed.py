@@ -77,6 +77,8 @@ class DistConfig:
     # its conv state after the send (mx.depends), an unrecorded write, and rank 1 cannot roll
     # back (nor calibrate) — a bug of the split, reported, not worked around in its code
     hybrid_layers: int = 8
+    quiet_share: float = 0.25  # before each level: wait while others use more of the CPU
+    quiet_wait_s: float = 45.0  # ... but at most this long
 
 
 DIST = DistConfig()
@@ -206,6 +208,10 @@ def measure_case(case: Case, prompts: list[list[int]], dist: DistConfig, tmp: Pa
                 level = measure_level(s, case, prompts, dist, log)
                 levels[f"{d:g}"] = {**level, "relay": precision, "relay_runs": relay.stats()}
             s.close()
+    zero = levels.get("0", {}).get("probe")
+    for level in levels.values():  # the one-way delay MLX saw: all_sum's 2 trips over 0 ms's
+        if zero and level.get("relay"):
+            level["relay"]["mlx_us"] = (level["probe"]["p50_us"] - zero["p50_us"]) / 2
     return {"label": case.label, "mode": case.mode, "params": case.params, "fast": case.fast,
             "sides": [s["name"] for s in case.sides] + ([MLX_LM] if dist.mlx_lm else []),
             "session": info, "one": one, "levels": levels,
@@ -217,6 +223,7 @@ def measure_level(s: Session, case: Case, prompts: list[list[int]], dist: DistCo
     """New engines (auto calibrated over this link), the link's all_sum time, then every side in
     mirrored pairs. one: the whole target in one process (no link, no mlx-lm side)."""
     ours = {"phase": "ours"}
+    quiet = wait_quiet(dist, log)
     calibration = s.ask({"op": "engines", "sides": case.sides, "warm_prompt": prompts[0]}, ours)
     probe = None if one else s.ask({"op": "probe", "n": dist.probe},
                                    {"phase": "probe", "n": dist.probe})
@@ -236,7 +243,7 @@ def measure_level(s: Session, case: Case, prompts: list[list[int]], dist: DistCo
         runs += mirrored([side(n, prompts[p]) for n in names], 1)
     level = summarise(names, runs)
     level.update(calibration_s=calibration["seconds"], probe=probe, host=host_share(before),
-                 load_average=os.getloadavg()[0])
+                 load_average=os.getloadavg()[0], quiet=quiet)
     log(f"   {case.key} {'on one machine' if one else 'split'}: " + ", ".join(
         f"{n} {level['sides'][n]['tok_s']:.1f}" for n in names) + " tok/s; "
         + (f"all_sum {probe['p50_us']:.0f} µs; " if probe else "")
@@ -289,6 +296,22 @@ def greedy_check(one: dict[str, Any], levels: dict[str, Any]) -> dict[str, Any]:
                     if tokens != reference[p]:
                         differ.append(f"{name} at {where}, prompt {p}")
     return {"runs": total, "differ": differ}
+
+
+def wait_quiet(dist: DistConfig, log: Log) -> dict[str, float]:
+    """Wait (our ranks idle) while other processes use more than dist.quiet_share of the CPU,
+    at most dist.quiet_wait_s: (seconds waited, others' share over the last 3 s)."""
+    t0 = time.perf_counter()
+    while True:
+        before = cpu_times()
+        cpu_of_ours()
+        time.sleep(3.0)
+        share = host_share(before)["others"]
+        waited = time.perf_counter() - t0
+        if share <= dist.quiet_share or waited >= dist.quiet_wait_s:
+            if waited > 4:
+                log(f"   (waited {waited:.0f} s for the host: others' CPU {share:.0%})")
+            return {"waited_s": waited, "others": share}
 
 
 def cpu_times() -> tuple[float, float]:

@@ -16,10 +16,12 @@ TOLERANCE = 0.15  # a delay the relay adds within 15% (or 10 µs) of the asked o
 
 
 def relay_precise(precision: dict[str, float] | None) -> bool:
-    """Did the relay add the asked one-way delay (median ping-pong) within the tolerance?"""
+    """Did the relay add the asked one-way delay within the tolerance, as MLX saw it (the
+    all_sum's time over 0 ms's, halved) where measured, else as a ping-pong through it?"""
     if not precision:
         return True  # 0 ms: no relay
-    asked, got = precision["asked_us"], precision["achieved_us"]
+    asked = precision["asked_us"]
+    got = precision.get("mlx_us", precision["achieved_us"])
     return abs(got - asked) <= max(TOLERANCE * asked, 10.0)
 
 
@@ -140,12 +142,19 @@ def case_section(key: str, case: dict[str, Any]) -> list[str]:
     for d in delays:
         lines.append(f"- {d} ms: " + "; ".join(f"{name} {pairs_text(p)}"
                                                for name, p in levels[d]["ratios"].items()))
-    lines += ["", "Per delay: " + "; ".join(
-        f"{d} ms: others' CPU {levels[d]['host']['others']:.0%}, load "
-        f"{levels[d]['load_average']:.1f}, auto calibration " + ", ".join(
-            f"{v:.0f} s" for n, v in levels[d]["calibration_s"].items() if "auto" in n)
-        for d in delays) + "."]
+    lines += ["", "Host during each level's runs (others' share of all CPU time; the wait for it "
+              "to fall below 25% before the level, at most 45 s) and the `auto` engines' "
+              "calibration: " + "; ".join(
+                  f"{d}: {host_text(x)}" for d, x in [("one machine", case["one"])]
+                  + [(f"{d} ms", levels[d]) for d in delays]) + ".", ""]
     return lines
+
+
+def host_text(level: dict[str, Any]) -> str:
+    q = level.get("quiet") or {}
+    return (f"others {level['host']['others']:.0%} (waited {q.get('waited_s', 0):.0f} s), "
+            "calibration " + ", ".join(f"{v:.0f} s" for n, v in level["calibration_s"].items()
+                                       if "auto" in n))
 
 
 def label(name: str) -> str:
@@ -154,20 +163,24 @@ def label(name: str) -> str:
 
 
 def precision_table(levels: dict[str, Any]) -> list[str]:
-    lines = ["The link: the relay's one-way delay as asked and as a ping-pong through it "
-             "measured (median and p90, ranks idle), how late its chunks left during the runs, "
-             "and MLX's own all_sum of a command's size (2 one-way trips) at each delay:", "",
-             "| delay | relay one-way µs: asked / median / p90 | chunks late µs p50 / p99 / max "
-             "(during runs) | all_sum µs p50 / min | precise |", "|---|---|---|---|---|"]
+    lines = ["The link: the one-way delay asked of the relay; as MLX saw it (its all_sum of a "
+             "command's size is 2 one-way trips: its median time over 0 ms's, halved); as a "
+             "ping-pong through the relay measured it (median and p90 over a direct one, ranks "
+             "idle); how late the relay's chunks left during the runs. Precise: within "
+             f"{TOLERANCE:.0%} (or 10 µs) as MLX saw it.", "",
+             "| delay | one-way µs asked / MLX / ping-pong median / p90 | all_sum µs p50 / min "
+             "| chunks late µs p50 / p99 / max (during runs) | precise |",
+             "|---|---|---|---|---|"]
     for d, level in levels.items():
         r, runs, probe = level.get("relay"), level.get("relay_runs"), level["probe"]
         lines.append(
-            f"| {d} ms | " + (f"{r['asked_us']:.0f} / {r['achieved_us']:.0f} / {r['p90_us']:.0f}"
-                              if r else "direct (no relay)") + " | "
+            f"| {d} ms | " + (f"{r['asked_us']:.0f} / {cell(r.get('mlx_us'), '.0f')} / "
+                              f"{r['achieved_us']:.0f} / {r['p90_us']:.0f}"
+                              if r else "direct (no relay)")
+            + f" | {probe['p50_us']:.0f} / {probe['min_us']:.0f} | "
             + (f"{cell(runs['late_p50_us'], '.0f')} / {cell(runs['late_p99_us'], '.0f')} / "
                f"{cell(runs['late_max_us'], '.0f')}" if runs else "–")
-            + f" | {probe['p50_us']:.0f} / {probe['min_us']:.0f} | "
-            + ("yes" if relay_precise(r) else "**no**") + " |")
+            + " | " + ("yes" if relay_precise(r) else "**no**") + " |")
     return lines
 
 
@@ -188,13 +201,15 @@ LINKS_US = {"JACCL (RDMA over Thunderbolt 5)": 30.0, "ring over Thunderbolt / Et
 MOE_MS = 16.0  # per token, one pass over the active weights (see moe_section's assumptions)
 
 
-def pass_ratio(case: dict[str, Any], name: str) -> tuple[float, float] | None:
-    """(tokens per pass, time per pass ÷ plain's time per token) of side `name` at 0 ms."""
+def pass_ratio(case: dict[str, Any], name: str) -> tuple[float, float, float] | None:
+    """(tokens per pass, drafted per pass, time per pass ÷ plain's time per token) of side
+    `name` at 0 ms."""
     sides = case["levels"].get("0", {}).get("sides", {})
     if name not in sides or PLAIN not in sides:
         return None
     tpp = sides[name]["tokens_per_pass"]
-    return tpp, (tpp / sides[name]["tok_s"]) / (1 / sides[PLAIN]["tok_s"])
+    return (tpp, sides[name]["drafted_per_pass"],
+            (tpp / sides[name]["tok_s"]) / (1 / sides[PLAIN]["tok_s"]))
 
 
 def moe_rows(tau: float, r: float, ranks: int, link_us: float) -> tuple[float, float, float]:
@@ -207,9 +222,8 @@ def moe_rows(tau: float, r: float, ranks: int, link_us: float) -> tuple[float, f
 
 
 def moe_section(result: dict[str, Any]) -> list[str]:
-    measured = [(case_key, n, pass_ratio(c, n)) for case_key, c in result["cases"].items()
-                for n in c["sides"] if n.endswith("auto")]
-    measured = [(k, n, x) for k, n, x in measured if x]
+    measured = {f"{key} {n}": x for key, c in result["cases"].items() for n in c["sides"]
+                if n.endswith("auto") and (x := pass_ratio(c, n))}
     if not measured:
         return []
     lines = ["", "## A model, not a measurement: 2 and 4 Macs on a 400B MoE", "",
@@ -217,31 +231,38 @@ def moe_section(result: dict[str, Any]) -> list[str]:
              "parameters (~9.5 GB) per token, ~16 ms on a Mac Studio's ~800 GB/s at ~70% of "
              "it; split by pipeline (mlx-lm's split for qwen3_5), whose layers run one after "
              "another, so the compute per token stays ~16 ms on 2 or 4 Macs. One-way link "
-             "latency: "
-             + ", ".join(f"{n} ~{v:.0f} µs" for n, v in LINKS_US.items())
-             + " (published figures: JACCL tens of µs, ring hundreds). Trips per token: "
-             "mlx-lm 2(N−1), ours 4(N−1) per pass (the counts measured above for N = 2: 2 "
-             "and 4). Speculation: tokens per pass τ and a pass's cost r (÷ a plain token) as "
-             "measured here at 0 ms by each `auto` side: "
-             + ", ".join(f"{k} {n}: τ {x[0]:.2f}, r {x[1]:.2f}" for k, n, x in measured)
-             + ". An MoE pays more per verified token than these dense targets (each extra "
-             "token may route to other experts), so r there is larger; the last column takes "
-             "r = 1 + 0.8·(τ − 1) for that (every accepted token reading its own experts).", ""]
-    tau, r = max((x for _, _, x in measured), key=lambda x: x[0] / x[1])
-    lines += [f"With τ = {tau:.2f}, r = {r:.2f} (the best measured here):", "",
-              "| Macs | link | mlx-lm plain tok/s | ours plain | ours speculative | ÷ mlx-lm | "
-              "ours speculative, MoE r | ÷ mlx-lm |", "|---|---|---|---|---|---|---|---|"]
-    for ranks in (2, 4):
-        for name, us in LINKS_US.items():
-            c, a, b = moe_rows(tau, r, ranks, us)
-            _, _, bm = moe_rows(tau, 1 + 0.8 * (tau - 1), ranks, us)
-            lines.append(f"| {ranks} | {name} | {c:.1f} | {a:.1f} | {b:.1f} | ×{b / c:.2f} | "
-                         f"{bm:.1f} | ×{bm / c:.2f} |")
-    lines += ["", "On a pipeline split the link is a small part of a 16 ms token even over a "
+             "latency: " + ", ".join(f"{n} ~{v:.0f} µs" for n, v in LINKS_US.items())
+             + " (published: JACCL tens of µs, ring hundreds). Trips per token: mlx-lm "
+             "2(N−1), ours 4(N−1) per pass (the counts measured above for N = 2: 2 and 4). "
+             "Speculation: tokens per pass τ and a pass's cost r (÷ a plain token's), measured "
+             "here at 0 ms by each `auto` side: " + ", ".join(
+                 f"{n}: τ {x[0]:.2f}, r {x[2]:.2f}" for n, x in measured.items())
+             + ". These targets are dense; an MoE pays more per verified token (each may "
+             "route to other experts), so the MoE columns take r = 1 + 0.8·k̄ (every drafted "
+             "token reading experts of its own, 80% of a token's bytes; k̄ the drafts per "
+             "pass): a pessimistic bound, correlated routing shares experts.", ""]
+    for n, (tau, k, r) in measured.items():
+        if not n.startswith(("pipeline mtp", "tensor twin")):
+            continue
+        what = "the constructed MTP head" if "mtp" in n else "a perfect drafter (the twin)"
+        lines += [f"With {what}'s τ = {tau:.2f}, r = {r:.2f} (dense) / {1 + 0.8 * k:.2f} "
+                  "(MoE):", "",
+                  "| Macs | link | mlx-lm plain tok/s | ours plain | ours speculative | "
+                  "÷ mlx-lm | ours speculative, MoE r | ÷ mlx-lm |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for ranks in (2, 4):
+            for name, us in LINKS_US.items():
+                c, a, b = moe_rows(tau, r, ranks, us)
+                bm = moe_rows(tau, 1 + 0.8 * k, ranks, us)[2]
+                lines.append(f"| {ranks} | {name} | {c:.1f} | {a:.1f} | {b:.1f} | "
+                             f"×{b / c:.2f} | {bm:.1f} | ×{bm / c:.2f} |")
+        lines.append("")
+    lines += ["On a pipeline split the link is a small part of a 16 ms token even over a "
               "ring (4 trips × 300 µs = 1.2 ms on 2 Macs), so what speculation buys there is "
-              "mostly what it buys on one Mac; it divides the link's share by τ, which matters "
-              "where the link is large: a tensor split pays 2 all_sums per layer (the 24 per "
-              "pass counted above for 12 layers; 2·L·2(N−1) trips for L layers), e.g. L = 60 "
-              "over a 300 µs ring on 2 Macs is 72 ms of link per pass, which speculation "
-              "divides by τ and plain decoding cannot."]
+              "mostly what it buys on one Mac, and our command costs a plain token as much "
+              "link as mlx-lm's whole forward; speculation divides the link's share by τ, "
+              "which matters where the link is large: a tensor split pays 2 all_sums per layer "
+              "(the 24 per pass counted above for 12 layers; 2·L·2(N−1) trips for L layers), "
+              "e.g. L = 60 over a 300 µs ring on 2 Macs is 72 ms of link per pass, which "
+              "speculation divides by τ and plain decoding cannot."]
     return lines
