@@ -17,7 +17,7 @@ from mlx_spec.engine import Engine
 from mlx_spec.events import Kind, TokenEvent, TurnEnd, TurnStats
 from mlx_spec.loading import load_target
 from mlx_spec.serve import Server
-from mlx_spec.serve.scheduler import Scheduler
+from mlx_spec.serve.scheduler import Scheduler, _Running
 from mlx_spec.serve.tools import ToolText
 
 # a Qwen-style template: tools laid out, calls as <tool_call>{json}</tool_call>
@@ -63,7 +63,7 @@ def scripted(monkeypatch):
     """The engine's events for ANSWER, in pieces of a few characters, as a turn yields them."""
     prompts = []
 
-    def start(self, job):
+    def events(job):
         prompts.append(job.prompt)
         pieces = [ANSWER[i : i + 5] for i in range(0, len(ANSWER), 5)]
         for p in pieces:
@@ -71,6 +71,9 @@ def scripted(monkeypatch):
         stats = TurnStats(prompt_tokens=len(job.prompt), generated_tokens=len(pieces),
                           target_passes=len(pieces), total_s=0.1, finish_reason="stop")
         yield TurnEnd(stats, "stop", tuple([0] * len(pieces)))
+
+    def start(self, job):  # a real (target-only) conversation, its turn replaced
+        return _Running(job, self.engine.conversation(), events(job))
 
     monkeypatch.setattr(Scheduler, "_start", start)
     return prompts

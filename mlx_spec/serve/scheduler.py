@@ -135,7 +135,13 @@ class Scheduler:
                 while self._waiting and len(running) < self.max_concurrency:
                     running.append(self._start(self._waiting.popleft()))
                 self.running = len(running)
-            running = self._cycle(running)
+            try:
+                running = self._cycle(running)
+            except Exception as e:  # noqa: BLE001 - a failing cycle ends its requests with
+                for run in running:  # their error, never hangs them (nor the next ones)
+                    run.job.events.put(e)
+                    run.job.events.put(_DONE)
+                running = []
             self.running = len(running)
 
     def _cycle(self, running: list[_Running]) -> list[_Running]:
