@@ -78,7 +78,8 @@ class DistConfig:
     # back (nor calibrate) — a bug of the split, reported, not worked around in its code
     hybrid_layers: int = 8
     quiet_share: float = 0.25  # before each level: wait while others use more of the CPU
-    quiet_wait_s: float = 45.0  # ... but at most this long
+    quiet_wait_s: float = 15.0  # ... but at most this long (others get little CPU while the
+    # split's ranks spin, so the wait matters most before one machine's rows)
 
 
 DIST = DistConfig()
