@@ -148,7 +148,15 @@ class TargetModel:
 
     def make_cache(self, *, slack: int = 16, kv_bits: int | None = None) -> list[Any]:
         """A fresh rollback-able cache list for this target (cache.make_cache)."""
-        return kv.make_cache(self.model, slack=slack, kv_bits=kv_bits)
+        caches = kv.make_cache(self.model, slack=slack, kv_bits=kv_bits)
+        if getattr(self.backbone, "pipeline_rank", 0) and caches and not hasattr(caches[-1],
+                                                                                 "keys"):
+            # a pipeline rank that sends ties the send into its last cache: mlx-lm does
+            # `cache[-1].keys = mx.depends(...)`, else `cache[-1][0] = ...`, an unrecorded
+            # write that would end a recurrent cache's rollback. A placeholder to tie it to
+            # instead (the send is in the outputs every forward evaluates anyway).
+            caches[-1].keys = mx.array(0)
+        return caches
 
     def trim(self, cache: list[Any], n: int, *, have: int) -> list[Any]:
         """The one commit path (cache.trim_to): cut `cache` from `have` tokens back to n."""

@@ -137,10 +137,19 @@ def _remote_script(cmd: list[str], env: dict[str, str], files: dict[str, str]) -
 
 
 def _temp_file(content: str) -> str:
+    """A backend file for a rank on this machine, removed when this process exits."""
     fd, path = tempfile.mkstemp(prefix="mlx-spec-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         f.write(content)
+    atexit.register(_remove, path)
     return path
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def _log_file(rank: int):
