@@ -115,9 +115,14 @@ def notes(verify_cost_ms: list[float]) -> list[str]:
 def write_published(result: dict[str, Any], prompts: int, max_tokens: int, out: Path) -> None:
     """bench-drafters.json and BENCH-drafters.md from a `--group published` run."""
     write_json(result, out / "bench-drafters.json")
+    side = result["published"].get(SIDE_BY_SIDE)
     lines = ["# Benchmark: published drafter layouts", "",
-             "Reproduce: `uv run mlx-spec bench --group published`. "
-             f"{machine_line(result['machine'])}. "
+             "Reproduce: `uv run mlx-spec bench --group published`"
+             + (" with `MLX_SPEC_BENCH_VLM=1` (the mlx-vlm rows; `uv sync --group bench` "
+                "installs mlx-vlm)" if side else "") + ". "
+             f"{machine_line(result['machine'])}"
+             + (f"; code at {result['machine']['commit']}" if result["machine"].get("commit")
+                else "") + ". "
              f"{prompts} held-out prompts × {max_tokens} tokens per row.",
              f"Greedy rows produced identical tokens: **{result['greedy_identical']}**.", ""]
     lines += row_table(result["rows"])
@@ -196,7 +201,12 @@ def hybrid_section(h: dict[str, Any]) -> list[str]:
     return lines
 
 
+SIDE_BY_SIDE = "side by side with mlx-vlm"  # bench/published.py's key for that group
+
+
 def published_section(p: dict[str, Any]) -> list[str]:
+    side = p.get(SIDE_BY_SIDE)
+    p = {name: info for name, info in p.items() if name != SIDE_BY_SIDE}
     lines = ["", "## Published drafter layouts: Gemma 4 assistant, EAGLE-3", "",
              "Rows `gemma4 assistant: …` and `eagle3: …`: no real weights of either can be used "
              "here and no trained small model of either family exists to widen, so each pair is "
@@ -209,6 +219,98 @@ def published_section(p: dict[str, Any]) -> list[str]:
                      f"{info['draft_params'] / 1e6:.1f}M, target branch outputs scaled by "
                      f"{info['noise']:g}; verify cost for q = 1..9 tokens relative to 1: "
                      + ", ".join(f"{x:.2f}" for x in info["verify_cost_ratio"]) + ".")
+    return lines + (side_by_side_section(side) if side else [])
+
+
+def side_by_side_section(s: dict[str, Any]) -> list[str]:
+    """The mlx-vlm group: how it was run, ours and mlx-vlm per drafter, the goals."""
+    lines = [
+        "", f"## Side by side with mlx-vlm {s['mlx_vlm']}", "",
+        "Rows `hybrid: …` and `gemma4 assistant: …`: the same checkpoint directories, written "
+        "in the published layouts (bench/published.py: the hybrid target as an MLX conversion "
+        "with its MTP head as an mlx-vlm-style sidecar, an EAGLE-3 head in speculators' format "
+        "and a DFlash drafter in z-lab's, constructed for it; the Gemma 4 target, tied, and its "
+        "`gemma4_assistant`), loaded by each engine's own loader, the same prompts and k, "
+        "greedy; each engine in a process of its own, the two in "
+        f"{s['pairs']} mirrored pair(s) (ours, mlx-vlm, mlx-vlm, ours: bench/vlm.py). A "
+        "process measures its target-only row and every drafter row after a warm-up of each. "
+        "mlx-vlm runs `generate_step(draft_model=…, draft_kind=…, draft_block_size=k + 1)` with "
+        "its DFlash block held at that size (`prefer_requested_block_size`; its MTP and EAGLE-3 "
+        "drafters hold it already); its tokens per pass and per-position acceptance come from "
+        "its per-round record (`accept_lens`, `draft_lens`). Speedup: each engine ÷ its own "
+        "target-only row in the same process (median over runs); ours ÷ mlx-vlm: the median of "
+        "the pairs' (a₁ + a₂) / (b₁ + b₂) in tok/s. The constructed drafters' acceptance is "
+        "synthetic; "
+        f"target {s['target_params'] / 1e6:.0f}M params, EAGLE-3 head "
+        f"{s['eagle3_params'] / 1e6:.1f}M, DFlash drafter {s['dflash_params'] / 1e6:.1f}M.", "",
+        "| group | drafter | tok/s ours / mlx-vlm | ours ÷ mlx-vlm (pairs) | speedup ours / "
+        "mlx-vlm | tokens/pass ours / mlx-vlm | per-position ours / mlx-vlm | ms per target "
+        "pass: draft / verify / commit (ours) |",
+        "|---|---|---|---|---|---|---|---|"]
+    for group, g in s["groups"].items():
+        for name, e in g["rows"].items():
+            a, b, r = e["mlx-spec"], e["mlx-vlm"], e["ours_vs_vlm"]
+            lines.append(
+                f"| {group} | {name} | {a['tok_s']:.1f} / {b['tok_s']:.1f} | "
+                f"**{r['median']:.3f}** ({', '.join(f'{x:.3f}' for x in r['pairs'])}) | "
+                f"{cell(a['speedup_own_target_only'], '.2f', '×')} / "
+                f"{cell(b['speedup_own_target_only'], '.2f', '×')} | "
+                f"{cell(a['tokens_per_pass'], '.2f')} / {cell(b['tokens_per_pass'], '.2f')} | "
+                f"{positions(a['per_position'])} / {positions(b['per_position'])} | "
+                f"{cell(a['draft_ms_per_pass'], '.1f')} / {cell(a['verify_ms_per_pass'], '.1f')}"
+                f" / {cell(a['commit_ms_per_pass'], '.2f')} |")
+    lines.append("")
+    for group, g in s["groups"].items():
+        lines.append(f"- {group}: greedy tokens of every run (ours and mlx-vlm, target-only and "
+                     "each drafter) identical to our target-only: "
+                     f"**{g['greedy_identical']}**"
+                     + (f" (differ: {', '.join(g['greedy_mismatched_rows'])})"
+                        if g["greedy_mismatched_rows"] else "") + ".")
+    return lines + goals_lines(s)
+
+
+def positions(values: list[float]) -> str:
+    return " ".join(f"{x:.2f}" for x in values) or "–"
+
+
+def goals_lines(s: dict[str, Any]) -> list[str]:
+    """The issue's goals, read off the group: DFlash at blocks of 16 against the MTP head on
+    the hybrid target, and ours against mlx-vlm on every shared drafter row."""
+    rows = s["groups"].get("hybrid", {}).get("rows", {})
+    mtp = next((e for n, e in rows.items() if n.startswith("mtp")), None)
+    block = rows.get("dflash k=15")
+    lines = [""]
+    if mtp and block:
+        a, b = block["mlx-spec"], mtp["mlx-spec"]
+        n = min(len(a["per_position"]), len(b["per_position"]))
+        x, y = a["speedup_own_target_only"], b["speedup_own_target_only"]
+        lines.append(
+            f"- Goal, DFlash (k = 15) ≥ the MTP head (k = {mtp['k']}) in speedup on the hybrid "
+            f"target: ×{x:.2f} against ×{y:.2f}: **{'met' if x >= y else 'not met'}**; "
+            f"per-position acceptance over the first {n} positions: "
+            f"{positions(a['per_position'][:n])} (DFlash) against "
+            f"{positions(b['per_position'][:n])} (MTP). Its recurrent rollback (commit) at "
+            "block length 16: "
+            f"{a['commit_ms_per_pass']:.2f} ms per target pass (the MTP head's at k = "
+            f"{mtp['k']}: {b['commit_ms_per_pass']:.2f}).")
+        same_k = rows.get(f"dflash k={mtp['k']}")
+        if same_k and same_k["mlx-spec"]["draft_ms_per_pass"] is not None:
+            c = same_k["mlx-spec"]
+            lines.append(
+                f"- At the same k = {mtp['k']} (the same verify pass of {mtp['k'] + 1} tokens): "
+                f"×{c['speedup_own_target_only']:.2f} (DFlash, per position "
+                f"{positions(c['per_position'])}) against ×{y:.2f}; draft "
+                f"{c['draft_ms_per_pass']:.1f} ms per target pass against "
+                f"{b['draft_ms_per_pass']:.1f}, verify {c['verify_ms_per_pass']:.1f} against "
+                f"{b['verify_ms_per_pass']:.1f}, commit {c['commit_ms_per_pass']:.2f} against "
+                f"{b['commit_ms_per_pass']:.2f}.")
+    shared = [(g, n, e["ours_vs_vlm"]["median"]) for g, grp in s["groups"].items()
+              for n, e in grp["rows"].items() if e["drafter"] != "none"]
+    behind = [f"{g} {n} ({r:.3f})" for g, n, r in shared if r < 1]
+    lines.append("- Goal, ours ≥ mlx-vlm in tok/s on every shared drafter row: "
+                 f"**{'met' if not behind else 'not met'}**"
+                 + (f" (behind: {', '.join(behind)})" if behind else
+                    f" ({min(r for *_, r in shared):.3f} the lowest ratio)") + ".")
     return lines
 
 
