@@ -149,8 +149,8 @@ class TargetModel:
     def make_cache(self, *, slack: int = 16, kv_bits: int | None = None) -> list[Any]:
         """A fresh rollback-able cache list for this target (cache.make_cache)."""
         caches = kv.make_cache(self.model, slack=slack, kv_bits=kv_bits)
-        if getattr(self.backbone, "pipeline_rank", 0) and caches and not hasattr(caches[-1],
-                                                                                 "keys"):
+        rank = getattr(getattr(self.text, "model", None), "pipeline_rank", 0)
+        if rank and caches and not hasattr(caches[-1], "keys"):
             # a pipeline rank that sends ties the send into its last cache: mlx-lm does
             # `cache[-1].keys = mx.depends(...)`, else `cache[-1][0] = ...`, an unrecorded
             # write that would end a recurrent cache's rollback. A placeholder to tie it to

@@ -177,7 +177,8 @@ def test_a_lost_rank_ends_rank_0_with_one_line(dirs, hostfile, how):
         code = p.wait(timeout=30)
     finally:
         p.kill()
-    err = p.stderr.read().strip().splitlines()
+    # (MLX's ring backend prints its own "[ring] Socket … closed" lines; ours is the last)
+    err = [line for line in p.stderr.read().strip().splitlines() if not line.startswith("[ring]")]
     assert code != 0
     want = "rank 1 (127.0.0.1) exited" if how == "killed" else "no answer from the other ranks"
     assert err and err[-1].startswith(f"mlx-spec: {want}"), err[-3:]

@@ -75,9 +75,10 @@ class Watch:
         """One line, every process gone, exit code 1 (the main thread may be blocked in a
         collective that will never complete, so this cannot be an exception there)."""
         self.closing = True
+        stop(self.procs, wait=1.0)
+        time.sleep(0.3)  # MLX's own backend prints its lost sockets: our line comes after
         sys.stderr.write(f"mlx-spec: {line}\n")
         sys.stderr.flush()
-        stop(self.procs, wait=1.0)
         os._exit(1)
 
 

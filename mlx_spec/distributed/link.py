@@ -140,6 +140,8 @@ class Link:
                 self.broken = True
                 if self.watch is not None:
                     self.watch.check()  # a rank that exited: its own line, and the end
+                    if self.watch.closing:  # the watch is ending this process with its line
+                        threading.Event().wait(10)
                 raise MlxSpecError(f"lost the other ranks during {what}: {first_line(e)}"
                                    ) from None
             except BaseException:  # e.g. a second ctrl+c between a command and its forward:
