@@ -143,11 +143,17 @@ def side_by_side(sides: list[Side], pairs: int) -> dict[str, Any]:
 
 
 def aggregate(runs: list[Row]) -> Row:
-    """One row from several runs of it: tok/s and TTFT averaged, the rest from the first."""
-    first = runs[0]
-    ttfts = [r.ttft_s for r in runs if r.ttft_s is not None]
-    return replace(first, tok_s=statistics.fmean(r.tok_s for r in runs),
-                   ttft_s=statistics.fmean(ttfts) if ttfts else None)
+    """One row from several runs of it: tok/s averaged, the times per pass and TTFT their
+    medians (a shared host slows single runs), the counts from the first (greedy and
+    deterministic: every run's are the same)."""
+    def median(name: str) -> Any:
+        values = [getattr(r, name) for r in runs if getattr(r, name) is not None]
+        return statistics.median(values) if values else None
+
+    return replace(runs[0], tok_s=statistics.fmean(r.tok_s for r in runs),
+                   **{name: median(name) for name in (
+                       "ttft_s", "draft_s_per_pass", "verify_ms_per_pass", "commit_ms_per_pass",
+                       "itl_p50_ms", "itl_p90_ms")})
 
 
 # -- the children ------------------------------------------------------------------------------
