@@ -112,16 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--num-draft", "-k", default=None)
     add_split_options(c)
 
-    t = sub.add_parser("train-drafter", help="distil an MTP head for a target")
+    t = sub.add_parser("train-drafter", help="distil a drafter head for a target")
     t.add_argument("--target", required=True)
     t.add_argument("--data", help="a text file or a directory of text files (default: the "
                                    "target's own continuations of built-in prompts)")
     t.add_argument("--steps", type=_positive_int, default=None, help="default 2000")
-    t.add_argument("--minutes", type=_positive_float, default=None,
-                   help="train for this long instead (data generation included); a resumed "
-                        "run trains this much more, the schedule restarting at its peak")
+    t.add_argument("--minutes", type=_positive_float, default=None, help="train this long "
+                   "instead (data generation included); a resumed run trains this much more")
     t.add_argument("--out", default=None)
-    t.add_argument("--kind", choices=["shared-kv", "deepseek"], default="shared-kv")
+    t.add_argument("--kind", choices=["shared-kv", "deepseek", "eagle3"], default="shared-kv")
+    t.add_argument("--depth", type=_positive_int, help="chained draft steps trained (default 8)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch-size", type=_positive_int, default=8)
     t.add_argument("--seq-len", type=_positive_int, default=192)

@@ -6,9 +6,19 @@ import numpy as np
 import pytest
 from helpers import conversation
 
+from mlx_spec import cache as kv
 from mlx_spec.cli import main
-from mlx_spec.drafters.mtp import MTPConfig, load_mtp_drafter
-from mlx_spec.train.distill import DistillConfig, build_training_set, distill_mtp
+from mlx_spec.drafters import DraftContext
+from mlx_spec.drafters.mtp import MTPConfig, MTPDrafter, load_mtp_drafter
+from mlx_spec.sampling import Sampler, SamplingConfig
+from mlx_spec.train.chain import (
+    PositionWeights,
+    Step,
+    acceptance,
+    position_weights,
+    thinning,
+)
+from mlx_spec.train.distill import DistillConfig, build_training_set, distill_mtp, mtp_trainee
 
 DC = DistillConfig(steps=40, batch_size=4, seq_len=32, lr=3e-3, warmup=5, save_every=20)
 
@@ -71,11 +81,101 @@ def test_train_drafter_for_minutes_without_data(model_dirs, tmp_path, capsys):
     assert "ETA" in err and "held-out after" in err
     summary = err.strip().splitlines()[-1]
     assert summary.startswith("mlx-spec: trained") and "tokens per target pass" in summary
-    curve = json.loads((out / "mtp_config.json").read_text())["train"]["held_out"]
-    assert curve and curve[-1]["tokens_per_pass"] >= 1.0
+    assert "held-out before (0 steps): per-position acceptance at k=8" in err
+    info = json.loads((out / "mtp_config.json").read_text())["train"]
+    curve = info["held_out"]
+    assert curve[0]["step"] == 0 and curve[-1]["tokens_per_pass"] >= 1.0  # before, after
+    assert len(curve[-1]["acceptance_k8"]) == 8 and curve[-1]["tokens_per_pass_k8"] >= 1.0
+    assert info["depth"] == 8 and len(info["position_weights"]["alpha"]) == 8
     first = curve[-1]["step"]
     assert main(args) == 0  # resumed: more steps on top
     again = json.loads((out / "mtp_config.json").read_text())["train"]["held_out"]
-    assert again[-1]["step"] > first
+    assert again[-1]["step"] > first and again[: len(curve)] == curve  # the curve carries on
     assert main(args + ["--steps", "3"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_position_weights_are_the_gradient_of_tokens_per_pass():
+    """w_i ∝ ∂E/∂log α_i for E = 1 + Σ_m Π_{j≤m} α_j (finite differences), 1 at the first."""
+    np.testing.assert_allclose(position_weights(np.ones(3)), [1, 2 / 3, 1 / 3])
+    np.testing.assert_allclose(position_weights(np.array([0.5, 0.5])), [1, 1 / 3])
+    alpha = np.random.default_rng(0).uniform(0.1, 0.9, 8)
+
+    def tokens_per_pass(a):
+        return 1 + np.cumprod(a).sum()
+
+    grad = []
+    for i in range(8):
+        up, down = np.log(alpha.copy()), np.log(alpha.copy())
+        up[i] += 1e-6
+        down[i] -= 1e-6
+        grad.append((tokens_per_pass(np.exp(up)) - tokens_per_pass(np.exp(down))) / 2e-6)
+    np.testing.assert_allclose(position_weights(alpha), np.array(grad) / grad[0], rtol=1e-5)
+    assert np.all(np.diff(position_weights(alpha)) < 0)
+
+
+def test_acceptance_counts_each_position_given_the_chain_so_far():
+    """Position j is tried where drafts 1..j-1 were right and the data went on with them."""
+    import mlx.core as mx
+
+    def onehot(ids):
+        return mx.array(np.eye(5, dtype=np.float32)[np.array(ids)][None])
+
+    want = [[1, 2, 3, 4], [2, 2, 2, 2]]  # the target's argmax per step, at rows 0..3
+    drafted = [[1, 2, 0, 4], [2, 0, 2, 2]]
+    data = [[1, 2, 3, 0], [2, 2, 2, 2]]  # row 3: the data leaves the target after step 0
+    steps = [Step(onehot(d), onehot(w), mx.ones((1, 4)), mx.array([y]))
+             for d, w, y in zip(drafted, want, data, strict=True)]
+    hits, trials = acceptance(iter(steps))
+    assert trials.tolist() == [4, 2] and hits.tolist() == [3, 1]
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return np.array([3, 1]), np.array([4, 2])
+
+    weights = PositionWeights(2, measure, every=10)
+    for step in range(25):
+        weights.at(step)
+    assert len(calls) == 3  # steps 0, 10, 20
+    np.testing.assert_allclose(weights.alpha, [4 / 6, 2 / 4])
+    # positions weighing under the floor are not trained until the drafts before them pay
+    low = PositionWeights(8, lambda: (np.zeros(8), np.full(8, 98)), every=10, floor=0.02)
+    assert low.at(0).shape == (1,)
+    high = PositionWeights(8, lambda: (np.full(8, 69), np.full(8, 98)), every=10, floor=0.02)
+    assert high.at(0).shape == (8,) and high.describe()["trained_positions"] == 8
+
+
+@pytest.mark.parametrize("kind", ["shared-kv", "deepseek"])
+def test_chained_training_steps_are_the_drafting_steps(load, kind):
+    """Step j of the training forward at an anchor row gives the q the drafter draws its
+    j-th token from, when the data goes on with the drafts (T = 1, every position)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_map
+
+    target, _ = load("qwen3")
+    cfg = MTPConfig.for_target(target, kind, hidden_size=48, num_layers=2, intermediate_size=64)
+    t = mtp_trainee(target, cfg, seed=3)
+    t.head.update(tree_map(lambda a: a * 3 if a.ndim == 2 else a, t.head.parameters()))
+    drafter = MTPDrafter(t.head, cfg, target)
+    n, k = 9, 6
+    prefix = [int(v) for v in np.random.default_rng(2).integers(3, 300, n)]
+    cache = kv.make_cache(target.model)
+    _, h = target.forward(prefix[:-1], cache, hidden=True)
+    state = drafter.new_state()
+    drafter.commit(state, DraftContext(target, prefix, cache, h, 0), 0)
+    draft = drafter.draft(state, DraftContext(target, prefix, cache), k,
+                          Sampler(SamplingConfig(temperature=1.0, seed=1)))
+    x = mx.array([prefix + [int(v) for v in np.array(draft.tokens)]])
+    full = list(t.steps(x, k))
+    for j, step in enumerate(full):  # entry i pairs token i with h_{i-1}: row n-1
+        q = nn.log_softmax(step.logits[0, n - 1].astype(mx.float32))
+        np.testing.assert_allclose(np.array(q), np.log(np.array(draft.probs[j])), atol=1e-4)
+    # training scores deeper steps on every r-th row: the same rows of the same steps
+    for j, step in enumerate(t.steps(x, k, thinning)):
+        r = thinning(j)
+        for field in ("logits", "p", "valid", "y"):
+            np.testing.assert_allclose(np.array(getattr(step, field)),
+                                       np.array(getattr(full[j], field)[:, j % r :: r]),
+                                       atol=1e-5)

@@ -284,17 +284,22 @@ class Eagle3Head(nn.Module):
                                                                strict=True)], axis=-1)
         return self.fc(taps)
 
-    def __call__(self, emb, h, caches, *, true_entries: int | None = None):
+    def __call__(self, emb, h, caches, *, true_entries: int | None = None, mask=None):
         """emb [1, L, d]; h: the target's taps [1, L, 3·d_target] (through fc) or the state
         fed back from the previous step [1, L, d]; caches: one per layer, holding
         `true_entries` entries built from true taps (None: all of them). Returns the state
-        to feed back (normed if norm_output)."""
+        to feed back (normed if norm_output). `mask`: one mask for every layer instead of
+        those built from the caches (training's chained steps, train/chain.py)."""
         if h.shape[-1] == self.input_dim:
             h = self.fuse(h)
         n, offset = emb.shape[1], caches[0].offset
-        h = self.layers[0](emb, h, caches[0], self.mask(0, offset, n, true_entries))
+
+        def mask_of(i: int):
+            return self.mask(i, offset, n, true_entries) if mask is None else mask
+
+        h = self.layers[0](emb, h, caches[0], mask_of(0))
         for i, layer in enumerate(self.layers[1:], 1):
-            h = layer(h, caches[i], self.mask(i, offset, n, true_entries))
+            h = layer(h, caches[i], mask_of(i))
         return self.norm(h) if self.cfg.norm_output else h
 
     def mask(self, layer: int, offset: int, n: int, true_entries: int | None):
@@ -330,6 +335,9 @@ def load_eagle3(path: str | Path, target: TargetModel):
         layers = len(target.backbone.layers)
         cfg = Eagle3Config(**{**cfg.__dict__, "layer_ids": cfg.taps(layers)})
         check_fits(cfg, target)
+        if "d2t" not in weights and cfg.draft_vocab_size == cfg.vocab_size:
+            weights["d2t"] = mx.zeros((cfg.draft_vocab_size,), mx.int32)  # speculators writes
+            # no vocabulary map when the draft vocabulary is the target's whole one
         head = Eagle3Head(cfg, own_embedding="embed_tokens.weight" in weights)
         load_exactly(head, weights, f"EAGLE-3 head {path}")
     return eagle3_drafter(head, target)

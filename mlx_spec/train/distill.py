@@ -1,18 +1,21 @@
-"""Self-distillation of drafters on a frozen target: an MTP head, or a small draft model.
+"""Self-distillation of drafters on a frozen target: an MTP head (shared-KV or DeepSeek-style),
+an EAGLE-3 head (train/eagle3.py), or a small draft model.
 
 The teacher signal is the target's own next-token distribution p_t at every position (soft
 cross-entropy −Σ p log q), computed on text the target itself generated plus corpus text, so the
 drafter learns what the target will say rather than what the corpus said.
 
-Shared-KV MTP heads are trained on `depth` chained steps at once, exactly as they run: step j at
-row i reads token x_{i+j} and the previous step's h', queries at position i+j, and sees only the
-target K/V of positions < i (what is in the target's cache when drafting starts there).
+Heads are trained on `depth` chained steps at once, exactly as they draft (train/chain.py), each
+position weighted by the accepted tokens that ride on it (chain.position_weights), the
+acceptance re-estimated on held-out rows as training goes. Every kind runs through the one
+training loop (loop.py); they differ only in their chained steps and how they are written.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,13 +28,24 @@ from .. import cache as kv
 from ..drafters.mtp import (
     CONFIG_FILE,
     MTPConfig,
+    MTPDrafter,
     make_head,
     save_mtp,
     target_kv,
 )
 from ..errors import MlxSpecError
 from ..model import TargetModel
-from ..sampling import Sampler, SamplingConfig
+from .chain import (
+    ChainCache,
+    PositionWeights,
+    Step,
+    acceptance,
+    own_cache_steps,
+    shared_kv_steps,
+    thinning,
+    weighted_loss,
+)
+from .data import build_training_set, encode, held_rows, read_text_data
 from .loop import Schedule, train
 
 
@@ -43,8 +57,9 @@ class DistillConfig:
     seq_len: int = 192
     lr: float = 2e-3
     warmup: int = 50
-    depth: int = 3  # chained draft steps trained at once (shared-kv)
-    depth_decay: float = 0.8  # weight of step j is depth_decay ** j
+    depth: int = 8  # chained draft steps trained at once: every position `auto` may draft
+    reweigh_every: int = 25  # steps between held-out estimates of the per-position weights
+    weight_floor: float = 0.02  # positions weighing less than this are not trained (yet)
     seed: int = 0
     save_every: int = 100
 
@@ -62,90 +77,6 @@ def teacher(target: TargetModel, x: mx.array, kv_layer: int):
     p = mx.softmax(target.head(h).astype(mx.float32), axis=-1)
     k, v, _ = target_kv(cache[kv_layer])  # a fresh cache: never quantized
     return mx.stop_gradient(h), mx.stop_gradient(p), mx.stop_gradient(k), mx.stop_gradient(v)
-
-
-def _shift(a: mx.array, j: int) -> mx.array:
-    """a[:, j:] padded with zeros back to length T."""
-    if j == 0:
-        return a
-    pad = mx.zeros((a.shape[0], j, *a.shape[2:]), a.dtype)
-    return mx.concatenate([a[:, j:], pad], axis=1)
-
-
-def shared_kv_loss(head, target, rope, cfg: MTPConfig, dc: DistillConfig, x, h, p, k, v):
-    B, T = x.shape
-    emb = target.embed(x) * cfg.embed_scale
-    rows = mx.arange(T)
-    # row i sees target keys of positions < i (row 0, which has none, sees key 0; not scored)
-    mask = (rows[None, :] < rows[:, None]) | ((rows[:, None] == 0) & (rows[None, :] == 0))
-    g = mx.concatenate([mx.zeros_like(h[:, :1]), h[:, :-1]], axis=1)  # h_{i-1}
-    total = 0.0
-    for j in range(dc.depth):
-        out = head(_shift(emb, j), g, k, v, rope, j, mask)
-        valid = mx.broadcast_to(((rows >= 1) & (rows + j < T)).astype(mx.float32), (B, T))
-        total = total + dc.depth_decay**j * soft_ce(target.head(out), _shift(p, j), valid)
-        g = out
-    return total
-
-
-def deepseek_loss(head, target, cfg: MTPConfig, x, h, p):
-    emb = target.embed(x) * cfg.embed_scale
-    g = mx.concatenate([mx.zeros_like(h[:, :1]), h[:, :-1]], axis=1)  # h_{i-1}
-    out = head(emb, g, None, "causal")
-    valid = mx.ones(x.shape, mx.float32)
-    return soft_ce(target.head(out), p, valid)
-
-
-def generate_pool(target: TargetModel, prompts: np.ndarray, new: int, temperature: float,
-                  seed: int) -> np.ndarray:
-    """Continue each prompt row with the target itself (batched), for self-distillation data."""
-    sampler = Sampler(SamplingConfig(temperature=temperature, seed=seed))
-    cache = kv.make_cache(target.model, slack=new)
-    x = mx.array(prompts.astype(np.int32))
-    out = [x]
-    logits = target.model(x, cache=cache)[:, -1]
-    for _ in range(new):
-        tok = sampler.sample_rows(logits)
-        out.append(tok[:, None])
-        logits = target.model(tok[:, None], cache=cache)[:, -1]
-        mx.eval(logits)
-    return np.array(mx.concatenate(out, axis=1))
-
-
-def build_training_set(target: TargetModel, tokens: np.ndarray | None, dc: DistillConfig,
-                       n_generated: int, log=print, *, prompts: list[list[int]] | None = None,
-                       seconds: float | None = None) -> np.ndarray:
-    """Rows of seq_len tokens. With corpus `tokens`: half corpus windows, half target
-    continuations of corpus prompts. Without (`prompts` instead): only the target's own
-    continuations of those prompts, mostly sampled so the rows differ. `seconds` caps the time
-    spent generating (at least one batch is made)."""
-    import time
-
-    rng = np.random.default_rng(dc.seed)
-    T, t0 = dc.seq_len, time.perf_counter()
-    rows = []
-    prompt_len = T // 4 if prompts is None else min(T // 4, min(len(p) for p in prompts))
-    for i in range(0, n_generated, 32):
-        if rows and seconds is not None and time.perf_counter() - t0 > seconds:
-            log(f"generation budget spent after {i} continuations")
-            break
-        b = min(32, n_generated - i)
-        if prompts is None:
-            starts = rng.integers(0, len(tokens) - prompt_len - 1, b)
-            batch = np.stack([tokens[s : s + prompt_len] for s in starts])
-            temp = 0.0 if (i // 32) % 2 == 0 else 0.8  # greedy and sampled continuations
-        else:  # the prompts' last prompt_len tokens, so a batch lines up
-            batch = np.stack([prompts[j][-prompt_len:] for j in rng.integers(0, len(prompts), b)])
-            temp = 0.0 if i == 0 else 0.8 if (i // 32) % 2 else 1.0
-        rows.append(generate_pool(target, batch, T - prompt_len, temp, dc.seed + i))
-        log(f"generated {i + b}/{n_generated} target continuations")
-    gen = np.concatenate(rows) if rows else np.zeros((0, T), np.int32)
-    if tokens is None:
-        return gen.astype(np.int32)[rng.permutation(len(gen))]
-    starts = rng.integers(0, len(tokens) - T - 1, max(len(gen), 64))
-    corpus = np.stack([tokens[s : s + T] for s in starts]).astype(np.int32)
-    data = np.concatenate([gen.astype(np.int32), corpus])
-    return data[rng.permutation(len(data))]
 
 
 class Progress:
@@ -174,13 +105,15 @@ def _progress(step: int, total: int, loss: float, rate: float) -> None:
 
 
 def _train(module: nn.Module, loss_fn, data: np.ndarray, dc: DistillConfig, workdir: Path,
-           progress=_progress, *, seconds: float | None = None, evaluate=None) -> float:
+           progress=_progress, *, seconds: float | None = None, evaluate=None,
+           extra: Callable[[int], tuple] | None = None) -> float:
     """Rows of `data` drawn by (seed, step), through the shared loop (loop.py); `seconds`: a
-    training-time budget instead of dc.steps."""
+    training-time budget instead of dc.steps; extra(step): more inputs to the loss."""
 
-    def batch(step: int) -> tuple[mx.array]:
+    def batch(step: int) -> tuple[mx.array, ...]:
         rng = np.random.default_rng((dc.seed, step))
-        return (mx.array(data[rng.integers(0, len(data), dc.batch_size)]),)
+        rows = (mx.array(data[rng.integers(0, len(data), dc.batch_size)]),)
+        return rows + (extra(step) if extra is not None else ())
 
     schedule = Schedule(steps=dc.steps if seconds is None else 10**9, lr=dc.lr,
                         warmup=dc.warmup, save_every=dc.save_every, seconds=seconds)
@@ -188,58 +121,150 @@ def _train(module: nn.Module, loss_fn, data: np.ndarray, dc: DistillConfig, work
                  evaluate)
 
 
-def tokens_per_pass(target: TargetModel, tokenizer: Any, head: nn.Module, cfg: MTPConfig,
-                    prompts: list[list[int]], *, k: int = 4, max_tokens: int = 48) -> float:
-    """Held-out estimate: greedy tokens per target pass at draft length k with `head`."""
-    from ..drafters.mtp import MTPDrafter
+def held_out_scores(target: TargetModel, tokenizer: Any, drafter, prompts: list[list[int]], *,
+                    max_tokens: int = 48) -> dict:
+    """Greedy decoding of the held-out prompts with `drafter`: tokens per target pass at k = 4
+    and k = 8, and at k = 8 the acceptance of each draft position (the share of rounds whose
+    drafts 1..i were all accepted)."""
     from ..engine import Engine
+    from ..stats import Totals
 
-    engine = Engine(target, tokenizer, MTPDrafter(head, cfg, target), draft_length=k).conversation()
-    generated = passes = 0
-    for p in prompts:
-        engine.reset()
-        end = list(engine.generate(p, max_tokens=max_tokens, ignore_eos=True))[-1]
-        generated += end.stats.generated_tokens
-        passes += end.stats.target_passes
-    return generated / max(passes, 1)
+    out = {}
+    for k in (4, 8):
+        engine = Engine(target, tokenizer, drafter, draft_length=k).conversation()
+        totals = Totals()
+        for p in prompts:
+            engine.reset()
+            totals.add(list(engine.generate(p, max_tokens=max_tokens, ignore_eos=True))[-1].stats)
+        out["tokens_per_pass" if k == 4 else "tokens_per_pass_k8"] = round(
+            totals.tokens / max(totals.passes, 1), 3)
+        if k == 8:
+            rates = {i: a for i, a, _ in totals.per_position()}
+            out["acceptance_k8"] = [round(rates.get(i, 0.0), 3) for i in range(1, k + 1)]
+    return out
 
 
-def distill_mtp(target: TargetModel, data: np.ndarray, cfg: MTPConfig, dc: DistillConfig,
-                out: Path, progress=_progress, *, seconds: float | None = None,
-                evaluate=None) -> nn.Module:
-    """Train an MTP head for `target` on rows of token ids; write `out/` (config + weights).
-    evaluate(head) -> a held-out score, called every few minutes: the curve goes into the
-    head's config."""
-    _check_resume(out, cfg)
-    mx.random.seed(dc.seed)
+@dataclass
+class Trainee:
+    """A head as the distiller sees it: its module, its chained steps over a batch (the
+    teacher's pass included), a drafter around it, and how it is written."""
+
+    head: nn.Module
+    steps: Callable[..., Iterator[Step]]  # (rows, depth, thin=None) -> chained steps
+    drafter: Callable[[], Any]
+    save: Callable[[Path, dict], None]  # (out, training metadata)
+    info_file: str  # where a finished run's metadata is (resumed curves carry on from it)
+
+
+def mtp_trainee(target: TargetModel, cfg: MTPConfig, seed: int = 0) -> Trainee:
+    mx.random.seed(seed)
     head = make_head(cfg)
-    target.model.freeze()
     rope = target.model.layers[cfg.kv_layer].self_attn.rope
 
-    def loss_fn(x):
+    def steps(x: mx.array, depth: int, thin=None) -> Iterator[Step]:
         h, p, k, v = teacher(target, x, cfg.kv_layer)
         if cfg.kind == "shared-kv":
-            return shared_kv_loss(head, target, rope, cfg, dc, x, h, p, k, v)
-        return deepseek_loss(head, target, cfg, x, h, p)
+            return shared_kv_steps(head, target, rope, cfg.embed_scale, x, h, p, k, v, depth,
+                                   thin)
+        # DeepSeek-style: entry i pairs token i with h_{i-1} (zeros at 0), its own cache
+        g = mx.concatenate([mx.zeros_like(h[:, :1]), h[:, :-1]], axis=1)
+        return own_cache_steps(lambda e, s, c, m: head(e, s, c[0], m), target.head,
+                               target.embed(x) * cfg.embed_scale, g, p, x, depth, 0,
+                               [ChainCache()], thin)
 
-    curve: list[dict] = []
+    def save(out: Path, info: dict) -> None:
+        save_mtp(out, head, cfg, extra={"train": info})
+
+    return Trainee(head, steps, lambda: MTPDrafter(head, cfg, target), save, CONFIG_FILE)
+
+
+def eagle3_trainee(target: TargetModel, depth: int, seed: int = 0) -> tuple[Trainee, dict]:
+    from ..drafters.mtp import eagle3_drafter
+    from . import eagle3
+
+    config = eagle3.speculators_config(target, depth)
+    head = eagle3.make_head(target, config, seed)
+
+    def steps(x: mx.array, depth: int, thin=None) -> Iterator[Step]:
+        return eagle3.chained_steps(head, target, x, depth, thin)
+
+    def save(out: Path, info: dict) -> None:
+        eagle3.save_speculators(out, head, config, info)
+
+    return Trainee(head, steps, lambda: eagle3_drafter(head, target), save,
+                   eagle3.TRAIN_FILE), config
+
+
+def distill_head(target: TargetModel, data: np.ndarray, t: Trainee, dc: DistillConfig,
+                 out: Path, progress=_progress, *, seconds: float | None = None,
+                 evaluate=None, held: np.ndarray | None = None) -> dict:
+    """Train `t.head` on rows of token ids; write `out/`. held: held-out rows the
+    per-position acceptance (hence the loss weights) is estimated on (default: a few training
+    rows). evaluate(drafter) -> held-out scores (held_out_scores), before training and every
+    few minutes: the curve goes into the head's metadata. Returns that metadata."""
+    target.model.freeze()
+    rows = mx.array((held if held is not None else data[:4]).astype(np.int32))
+    weights = PositionWeights(dc.depth, lambda: acceptance(t.steps(rows, dc.depth)),
+                              dc.reweigh_every, dc.weight_floor)
+
+    def loss_fn(x, w):  # len(w) steps; deeper ones scored on a subset of rows (thinning)
+        return weighted_loss(t.steps(x, w.shape[0], thinning), w, soft_ce)
+
+    resumed = (out / "train" / "checkpoint.safetensors").exists()
+    curve: list[dict] = _previous_curve(out / t.info_file) if resumed else []
     hook = None
     if evaluate is not None:
         every = max(60.0, (seconds or 600.0) / 5)
 
-        def hook(step: int, trained: float) -> None:
-            score = evaluate(head)
-            curve.append({"step": step, "minutes": round(trained / 60, 2),
-                          "tokens_per_pass": round(score, 3)})
-            print(f"held-out after {trained / 60:.1f} min ({step} steps): {score:.2f} tokens "
-                  "per target pass at k=4", file=sys.stderr, flush=True)
+        def record(step: int, trained: float) -> None:
+            point = {"step": step, "minutes": round(trained / 60, 2), **evaluate(t.drafter())}
+            curve.append(point)
+            acc = " ".join(f"{a:.2f}" for a in point["acceptance_k8"])
+            print(f"held-out after {trained / 60:.1f} min ({step} steps): "
+                  f"{point['tokens_per_pass']:.2f} tokens per target pass at k=4, "
+                  f"{point['tokens_per_pass_k8']:.2f} at k=8; per position at k=8: {acc}",
+                  file=sys.stderr, flush=True)
 
-        hook = (every, hook)
-    final = _train(head, loss_fn, data, dc, out / "train", progress, seconds=seconds,
-                   evaluate=hook)
-    save_mtp(out, head, cfg, extra={"train": {"steps": dc.steps, "final_loss": final,
-                                              "depth": dc.depth, "held_out": curve}})
-    return head
+        if not resumed:
+            record(0, 0.0)  # the curve starts at the untrained head
+        hook = (every, record)
+    final = _train(t.head, loss_fn, data, dc, out / "train", progress, seconds=seconds,
+                   evaluate=hook, extra=lambda step: (weights.at(step),))
+    info = {"steps": dc.steps, "final_loss": final, "depth": dc.depth,
+            "position_weights": weights.describe(), "held_out": curve}
+    t.save(out, info)
+    return info
+
+
+def distill_mtp(target: TargetModel, data: np.ndarray, cfg: MTPConfig, dc: DistillConfig,
+                out: Path, progress=_progress, *, seconds: float | None = None,
+                evaluate=None, held: np.ndarray | None = None) -> nn.Module:
+    """An MTP head of `cfg` for `target` (distill_head); writes `out/` (config + weights)."""
+    _check_resume(out, *_resume_keys(target, cfg, dc.depth))
+    t = mtp_trainee(target, cfg, dc.seed)
+    distill_head(target, data, t, dc, out, progress, seconds=seconds, evaluate=evaluate,
+                 held=held)
+    return t.head
+
+
+def distill_eagle3(target: TargetModel, data: np.ndarray, dc: DistillConfig, out: Path,
+                   progress=_progress, *, seconds: float | None = None, evaluate=None,
+                   held: np.ndarray | None = None) -> nn.Module:
+    """An EAGLE-3 head for `target` (distill_head); writes `out/` in the speculators format."""
+    _check_resume(out, *_resume_keys(target, None, dc.depth))
+    t, _ = eagle3_trainee(target, dc.depth, dc.seed)
+    distill_head(target, data, t, dc, out, progress, seconds=seconds, evaluate=evaluate,
+                 held=held)
+    return t.head
+
+
+def _previous_curve(path: Path) -> list[dict]:
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return list((info.get("train", info) if path.name == CONFIG_FILE else info)
+                .get("held_out") or [])
 
 
 def distill_draft_model(target: TargetModel, data: np.ndarray, config: dict,
@@ -258,31 +283,31 @@ def distill_draft_model(target: TargetModel, data: np.ndarray, config: dict,
     return student
 
 
-def _check_resume(out: Path, cfg: MTPConfig) -> None:
-    """Resuming into a directory that holds a head of another shape would corrupt it."""
-    existing = out / CONFIG_FILE
-    if not existing.exists() and not (out / "train" / "checkpoint.safetensors").exists():
-        return
+def _resume_keys(target: TargetModel, cfg: MTPConfig | None, depth: int) -> tuple[dict, str]:
+    """What a head directory must already say to be resumed into: an MTP head's shape (cfg),
+    or (None) an EAGLE-3 head's."""
+    if cfg is not None:
+        keys = ("target_hidden_size", "vocab_size", "kind", "hidden_size")
+        return {k: getattr(cfg, k) for k in keys}, CONFIG_FILE
+    from .eagle3 import speculators_config
+
+    config = speculators_config(target, depth)
+    keys = ("target_hidden_size", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids")
+    return {k: config[k] for k in keys}, "config.json"
+
+
+def _check_resume(out: Path, want: dict, config_file: str) -> None:
+    """Resuming into a directory that holds a head of another kind or shape would corrupt it."""
+    other = CONFIG_FILE if config_file == "config.json" else "config.json"
+    if (out / other).exists():
+        raise MlxSpecError(f"{out} holds another kind of head ({other}); choose another --out")
+    existing = out / config_file
     if existing.exists():
         old = json.loads(existing.read_text())
-        for key in ("target_hidden_size", "vocab_size", "kind", "hidden_size"):
-            if old.get(key) != getattr(cfg, key):
-                raise MlxSpecError(
-                    f"{out} holds an MTP head with {key}={old.get(key)}, this target needs "
-                    f"{getattr(cfg, key)}; choose another --out"
-                )
-
-
-def read_text_data(path: Path) -> list[str]:
-    path = Path(path)
-    if path.is_file():
-        return [path.read_text(encoding="utf-8", errors="replace")]
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in
-                       {".txt", ".py", ".md", ".json", ".jsonl", ".rst"})
-        if files:
-            return [p.read_text(encoding="utf-8", errors="replace") for p in files]
-    raise MlxSpecError(f"no training text found at {path}")
+        for key, value in want.items():
+            if old.get(key) != value:
+                raise MlxSpecError(f"{out} holds a head with {key}={old.get(key)}, this "
+                                   f"target needs {value}; choose another --out")
 
 
 def cmd_train_drafter(args) -> int:
@@ -297,10 +322,11 @@ def cmd_train_drafter(args) -> int:
     budget = args.minutes * 60 if args.minutes is not None else None
     target, tokenizer = load_target(args.target)
     dc = DistillConfig(steps=args.steps or 2000, minutes=args.minutes, seed=args.seed,
-                       batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr)
+                       batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+                       depth=getattr(args, "depth", None) or DistillConfig.depth)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.data:
-        ids = _encode(tokenizer, read_text_data(Path(args.data)))
+        ids = encode(tokenizer, read_text_data(Path(args.data)))
         cut = len(ids) - max(3 * 48, len(ids) // 20)  # the last 5% are held out
         if cut < dc.seq_len + 2:
             raise MlxSpecError(f"training data too short: {len(ids)} tokens, need > "
@@ -309,41 +335,37 @@ def cmd_train_drafter(args) -> int:
         held_out = [held[i : i + 32] for i in range(0, 3 * 48, 48)]
         prompts = None
     else:  # the head learns the target itself, from its own continuations of built-in prompts
-        encoded = [_encode(tokenizer, [p]) for p in PROMPTS]
+        encoded = [encode(tokenizer, [p]) for p in PROMPTS]
         tokens, prompts, held_out = None, encoded[:-HELD_OUT], encoded[-HELD_OUT:]
-    out = Path(args.out) if args.out else Path(args.target) / "mtp"
-    cfg = MTPConfig.for_target(target, args.kind,
-                               **({"hidden_size": max(64, target.hidden_size // 2), "num_layers": 2}
-                                  if args.kind == "shared-kv" else {"num_layers": 1}))
+    eagle = args.kind == "eagle3"
+    out = Path(args.out) if args.out else Path(args.target) / ("eagle3" if eagle else "mtp")
+    cfg = None if eagle else MTPConfig.for_target(target, args.kind, **(
+        {"hidden_size": max(64, target.hidden_size // 2), "num_layers": 2}
+        if args.kind == "shared-kv" else {"num_layers": 1}))
+    _check_resume(out, *_resume_keys(target, cfg, dc.depth))  # before any data is made
     n_gen = 256 if budget else min(256, max(32, dc.steps // 4))
     data = build_training_set(target, tokens, dc, n_gen, log, prompts=prompts,
                               seconds=budget * 0.25 if budget else None)
+    held = held_rows(target, held_out, dc.seq_len, dc.seed)  # where the weights are estimated
     seconds = None if budget is None else max(10.0, budget - (time.perf_counter() - t0))
 
-    def evaluate(head) -> float:
-        return tokens_per_pass(target, tokenizer, head, cfg, held_out)
+    def evaluate(drafter) -> dict:
+        return held_out_scores(target, tokenizer, drafter, held_out)
 
-    distill_mtp(target, data, cfg, dc, out, Progress(), seconds=seconds, evaluate=evaluate)
-    train_info = json.loads((out / CONFIG_FILE).read_text()).get("train", {})
-    last = (train_info.get("held_out") or [{}])[-1]
+    run = dict(progress=Progress(), seconds=seconds, evaluate=evaluate, held=held)
+    if eagle:
+        distill_eagle3(target, data, dc, out, **run)
+    else:
+        distill_mtp(target, data, cfg, dc, out, **run)
+    curve = _previous_curve(out / ("training.json" if eagle else CONFIG_FILE))
+    first, last = (curve or [{}])[0], (curve or [{}])[-1]
+    for name, point in (("before", first), ("after", last)):
+        acc = " ".join(f"{a:.2f}" for a in point.get("acceptance_k8", []))
+        print(f"held-out {name} ({point.get('step', '?')} steps): per-position acceptance at "
+              f"k=8: {acc}; {point.get('tokens_per_pass_k8', 0):.2f} tokens per pass at k=8",
+              file=sys.stderr)
     print(f"mlx-spec: trained {last.get('step', '?')} steps in "
           f"{(time.perf_counter() - t0) / 60:.1f} min: {last.get('tokens_per_pass', 0):.2f} "
           f"tokens per target pass at k=4 on held-out text (greedy); head in {out}",
           file=sys.stderr)
     return 0
-
-
-def _encode(tokenizer: Any, docs: list[str]) -> list[int]:
-    """Token ids of `docs`, without transformers' warning about sequences longer than the
-    model's context (these are training text, cut into windows later)."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        ids: list[int] = []
-        for d in docs:
-            ids.extend(tokenizer.encode(d, add_special_tokens=False))
-        return ids
-    finally:
-        hf_logging.set_verbosity(level)

@@ -1,0 +1,144 @@
+"""An EAGLE-3 head of our own for a target, trained by distill.py's one loop and written in the
+speculators 0.9 format (config.json + model.safetensors) that our loader reads
+(drafters/eagle3.py) and vLLM / SGLang load as `{"method": "eagle3", ...}`.
+
+The head is the inference module itself (drafters/eagle3.Eagle3Head): fc over the inputs of a
+low, a middle and a high target layer (the taps the verify pass returns), one llama decoder
+layer over concat(norm(Emb(x_{t+1})), norm(fc(taps_t))), speculators' training flags on
+(norm_before_fc, norm_before_residual, norm_output: the normed state is fed back across steps).
+Its lm_head and final norm start as the target's own, its embedding is the target's (not saved:
+vLLM shares the target's when the checkpoint has none). The draft vocabulary is the target's
+whole vocabulary, so no d2t / t2d maps are written (as speculators writes such a head); a
+reduced draft vocabulary is not built here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from ..drafters.eagle3 import Eagle3Config, Eagle3Head, check_fits
+from ..model import TargetModel
+from .chain import ChainCache, Step, own_cache_steps
+
+SPECULATORS_VERSION = "0.9.0"  # the format written (Eagle3SpeculatorConfig's fields)
+TRAIN_FILE = "training.json"  # our run's metadata beside the head (config.json stays clean)
+
+
+def default_taps(layers: int) -> tuple[int, ...]:
+    """Low / middle / high target layer inputs: speculators' and vLLM's default [2, L/2, L−3]
+    where it names three distinct layers (L >= 7); on shallower targets the three around the
+    middle (index L is the last layer's output, before the final norm)."""
+    if layers >= 7:
+        return (2, layers // 2, layers - 3)
+    mid = layers // 2
+    return (max(0, mid - 1), mid, mid + 1)
+
+
+def speculators_config(target: TargetModel, depth: int, *,
+                       taps: tuple[int, ...] | None = None) -> dict:
+    """The config.json of a head for `target`, with speculators' keys: a one-layer llama
+    decoder of the target's width and attention geometry, `depth` speculative tokens."""
+    args = target.args
+    layers = len(target.backbone.layers)
+    attn = target.backbone.layers[-1].self_attn
+    heads = args.num_attention_heads
+    head_dim = getattr(args, "head_dim", None) or getattr(attn, "head_dim", None) or (
+        args.hidden_size // heads)
+    theta = float(getattr(args, "rope_theta", 10000.0) or 10000.0)
+    scaling = getattr(args, "rope_scaling", None) or {}
+    rope = {**{k: v for k, v in scaling.items() if k != "type"},
+            "rope_type": scaling.get("rope_type") or scaling.get("type") or "default",
+            "rope_theta": theta}
+    layer = dict(
+        model_type="llama", vocab_size=target.vocab_size, hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size, num_hidden_layers=1,
+        num_attention_heads=heads, num_key_value_heads=args.num_key_value_heads or heads,
+        head_dim=head_dim, hidden_act="silu",
+        max_position_embeddings=int(getattr(args, "max_position_embeddings", 0) or
+                                    target.context_length),
+        rms_norm_eps=float(args.rms_norm_eps), rope_parameters=rope, attention_bias=False,
+        mlp_bias=False, tie_word_embeddings=False)
+    verifier = dict(name_or_path=str(target.path) if target.path else target.name,
+                    architectures=list(target.config.get("architectures") or []))
+    return dict(
+        speculators_model_type="eagle3", architectures=["Eagle3Speculator"],
+        transformer_layer_config=layer, draft_vocab_size=target.vocab_size,
+        norm_before_residual=True, norm_before_fc=True, fc_norm=False, norm_output=True,
+        embed_requires_grad=False, target_hidden_size=args.hidden_size,
+        eagle_aux_hidden_state_layer_ids=list(taps or default_taps(layers)),
+        speculators_config=dict(
+            algorithm="eagle3", default_proposal_method="greedy",
+            proposal_methods=[dict(proposal_type="greedy", speculative_tokens=depth,
+                                   accept_tolerance=0.0, verifier_accept_k=1)],
+            verifier=verifier),
+        speculators_version=SPECULATORS_VERSION, dtype="float32")
+
+
+def head_weight(target: TargetModel) -> mx.array:
+    """The target's LM head matrix [V, d] (its own, or the tied embedding), dequantized."""
+    m = target.text.lm_head if "lm_head" in target.text else target.backbone.embed_tokens
+    if "scales" in m:
+        return mx.dequantize(m.weight, m.scales, m.get("biases"), group_size=m.group_size,
+                             bits=m.bits, mode=getattr(m, "mode", "affine"))
+    return m.weight
+
+
+def make_head(target: TargetModel, config: dict, seed: int = 0) -> Eagle3Head:
+    """A fresh head read from `config` exactly as the loader reads it (so what trains is what
+    loads); lm_head and the final norm start as the target's."""
+    cfg = Eagle3Config.from_dict(config)
+    cfg = Eagle3Config(**{**cfg.__dict__, "layer_ids": cfg.taps(len(target.backbone.layers))})
+    check_fits(cfg, target)  # its taps reachable (a llama-style trunk), as the loader checks
+    mx.random.seed(seed)
+    head = Eagle3Head(cfg)
+    # copies (+ 0): an f32 target's own arrays would otherwise be the head's parameters too
+    head.lm_head.weight = head_weight(target).astype(mx.float32) + 0
+    norm = target.backbone.norm
+    if isinstance(norm, nn.RMSNorm) and norm.weight.shape == head.norm.weight.shape:
+        head.norm.weight = norm.weight.astype(mx.float32) + 0
+    head.freeze(recurse=False, keys=["d2t"])  # the vocabulary map is not learnt
+    mx.eval(head.parameters())
+    return head
+
+
+def teacher(target: TargetModel, x: mx.array, taps: tuple[int, ...]):
+    """The frozen target over a batch: its taps [B, T, 3·d] and next-token probs [B, T, V],
+    from the one tapped pass the verify pass also runs."""
+    logits, a = target.forward_rows(x, None, hidden=taps)
+    p = mx.softmax(logits.astype(mx.float32), axis=-1)
+    return mx.stop_gradient(a), mx.stop_gradient(p)
+
+
+def chained_steps(head: Eagle3Head, target: TargetModel, x: mx.array, depth: int,
+                  thin=None) -> Iterator[Step]:
+    """The head's `depth` chained steps over a batch, as it drafts: entry i pairs x_{i+1}
+    with the taps at i (step 0, through fc), later steps feed back the state (normed)."""
+    taps, p = teacher(target, x, tuple(head.cfg.layer_ids))
+    emb = target.embed(x)
+    caches = [ChainCache() for _ in head.layers]
+    cfg = head.cfg
+
+    def call(e, g, cs, mask):
+        return head(e, g, cs, mask=mask)
+
+    def logits(s):  # = head.logits when the draft vocabulary is the target's (d2t = 0)
+        return head.lm_head(s if cfg.norm_output else head.norm(s))
+
+    return own_cache_steps(call, logits, emb, taps, p, x, depth, 1, caches, thin)
+
+
+def save_speculators(out: Path, head: Eagle3Head, config: dict, train: dict) -> None:
+    """config.json, model.safetensors (speculators' tensor names: fc, input_norm, layers.0.*,
+    norm, lm_head; no d2t / t2d, as speculators writes a head whose draft vocabulary is the
+    target's) and our training metadata beside them."""
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {k: v for k, v in tree_flatten(head.parameters()) if k != "d2t"}
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / TRAIN_FILE).write_text(json.dumps(train, indent=2))

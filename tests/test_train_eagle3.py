@@ -1,0 +1,181 @@
+"""`train-drafter --kind eagle3`: an EAGLE-3 head of our own, trained through the one loop on
+its chained steps, written in the speculators format. On the known-answer target of
+tests/eagle3.py (a bigram machine: the target says nu(x) after x) a few dozen steps teach it;
+the written directory loads through `--draft-model DIR` with its acceptance kept exactly;
+greedy decoding with it is the target's own; the training forward is the drafting forward; the
+config validates against speculators' own schema and speculators' module reads the weights
+with every tensor used and drafts what we draft (`reference`: needs torch)."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from eagle3 import build_target, write_target
+from helpers import assert_same_or_near_tie, checked, conversation, open_chat, run
+
+from mlx_spec import cache as kv
+from mlx_spec.cli import main
+from mlx_spec.drafters import DraftContext
+from mlx_spec.drafters.mtp import eagle3_drafter
+from mlx_spec.loading import load_target, make_drafter
+from mlx_spec.sampling import Sampler, SamplingConfig
+from mlx_spec.train.data import build_training_set, held_rows
+from mlx_spec.train.distill import (
+    DistillConfig,
+    distill_eagle3,
+    eagle3_trainee,
+    held_out_scores,
+)
+from mlx_spec.train.eagle3 import chained_steps
+
+DC = DistillConfig(steps=40, batch_size=4, seq_len=32, lr=3e-3, warmup=5, save_every=20,
+                   reweigh_every=10)
+RNG = np.random.default_rng(1)
+TRAIN_PROMPTS = [[int(v) for v in RNG.integers(3, 300, 8)] for _ in range(40)]
+HELD_OUT = [[int(v) for v in RNG.integers(3, 300, 8)] for _ in range(3)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tokenizer_dir):
+    """(target dir, target, tokenizer, the trained head in memory, its directory)."""
+    root = tmp_path_factory.mktemp("train-eagle3")
+    target_dir = write_target(root / "target", build_target(agree=True), tokenizer_dir)
+    target, tok = load_target(target_dir)
+    data = build_training_set(target, None, DC, n_generated=64, log=lambda s: None,
+                              prompts=TRAIN_PROMPTS)
+    held = held_rows(target, HELD_OUT, DC.seq_len)
+    head = distill_eagle3(target, data, DC, root / "head", progress=lambda *a: None, held=held)
+    return target_dir, target, tok, head, root / "head"
+
+
+def test_written_head_loads_and_keeps_the_trained_acceptance(trained):
+    """Known answer: the acceptance measured on the head in memory is exactly the acceptance
+    after writing and loading it (`--draft-model DIR`), at every position of k = 8, and well
+    above an untrained head's."""
+    _, target, tok, head, head_dir = trained
+    drafter = make_drafter("draft", target, draft_model=head_dir)
+    assert drafter.name == "draft-eagle3" and drafter.default_k == DC.depth == 8
+    in_memory = held_out_scores(target, tok, eagle3_drafter(head, target), HELD_OUT, max_tokens=32)
+    loaded = held_out_scores(target, tok, drafter, HELD_OUT, max_tokens=32)
+    assert loaded == in_memory
+    untrained = held_out_scores(
+        target, tok, eagle3_drafter(eagle3_trainee(target, DC.depth)[0].head, target), HELD_OUT,
+        max_tokens=32)
+    assert loaded["tokens_per_pass"] >= untrained["tokens_per_pass"] + 0.5, (loaded, untrained)
+    assert loaded["acceptance_k8"][0] >= 0.3 and len(loaded["acceptance_k8"]) == 8
+    info = json.loads((head_dir / "training.json").read_text())
+    assert info["depth"] == 8 and len(info["position_weights"]["weights"]) == 8
+
+
+def test_greedy_identity_with_the_trained_head(trained):
+    target_dir, target, tok, _, head_dir = trained
+    drafter = make_drafter("draft", target, draft_model=head_dir)
+    prompt = HELD_OUT[0] + [7, 11]
+    want, _ = run(conversation(target, tok, None), prompt=prompt, max_tokens=40)
+    for k in (1, 4, 8):
+        engine = conversation(target, tok, drafter, draft_length=k)
+        checked(engine)  # the target's caches, the taps history, the head's own KV: a recompute
+        got, _ = run(engine, prompt=prompt, max_tokens=40)
+        assert got.stats.accepted > 0
+        assert_same_or_near_tie(target, prompt, list(got.tokens), list(want.tokens))
+
+
+def test_chained_training_steps_are_the_drafting_steps(trained):
+    """Step j of the training forward at anchor row t gives the q the drafter draws its j-th
+    token from, when the data goes on with the drafts (T = 1: every position's q, not argmax)."""
+    _, target, _, head, _ = trained
+    drafter = eagle3_drafter(head, target)
+    for n, k in ((5, 8), (12, 4)):
+        prefix = [int(v) for v in np.random.default_rng(n).integers(3, 300, n)]
+        cache = kv.make_cache(target.model)
+        _, taps = target.forward(prefix[:-1], cache, hidden=drafter.needs_hidden)
+        state = drafter.new_state()
+        drafter.commit(state, DraftContext(target, prefix, cache, taps, 0), 0)
+        draft = drafter.draft(state, DraftContext(target, prefix, cache), k,
+                              Sampler(SamplingConfig(temperature=1.0, seed=n)))
+        x = mx.array([prefix + [int(t) for t in np.array(draft.tokens)]])
+        # entry t pairs x_{t+1} with the taps at t: drafting from n tokens is anchor row n - 2
+        for j, step in enumerate(chained_steps(head, target, x, k)):
+            q = nn.log_softmax(step.logits[0, n - 2].astype(mx.float32))
+            np.testing.assert_allclose(np.array(q), np.log(np.array(draft.probs[j])), atol=1e-4)
+
+
+def test_train_drafter_eagle3_cli_writes_a_speculators_dir(trained, tmp_path, capsys):
+    target_dir = trained[0]
+    out = tmp_path / "e3"
+    args = ["train-drafter", "--target", str(target_dir), "--kind", "eagle3", "--steps", "3",
+            "--depth", "4", "--out", str(out), "--batch-size", "2", "--seq-len", "32"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "held-out before (0 steps)" in err and "held-out after (3 steps)" in err
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]  # [2, L/2, L-3], L = 8
+    names = set(mx.load(str(out / "model.safetensors")))
+    assert {"fc.weight", "input_norm.weight", "layers.0.hidden_norm.weight", "norm.weight",
+            "lm_head.weight"} <= names
+    assert not names & {"embed_tokens.weight", "d2t", "t2d"}  # the target's, as in speculators
+    curve = json.loads((out / "training.json").read_text())["held_out"]
+    assert [p["step"] for p in curve] == [0, 3] and len(curve[-1]["acceptance_k8"]) == 8
+    engine = open_chat(model=target_dir, draft_model=out)
+    assert engine.drafter.name == "draft-eagle3" and engine.draft_length == 4
+    # an MTP head into the same directory: refused, nothing overwritten
+    assert main(args[:4] + ["shared-kv"] + args[5:]) == 2
+    assert "another kind of head" in capsys.readouterr().err
+
+
+@pytest.mark.reference
+def test_config_and_weights_are_speculators_own(torch, trained):
+    """speculators 0.9 validates the config with its own schema, builds its Eagle3DraftModel
+    from it, finds every tensor of ours used and none missing but the embedding (shared with
+    the target, as vLLM does), and its TTT forward gives our first two drafts' q."""
+    pytest.importorskip("speculators")
+    from speculators import SpeculatorModelConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    _, target, _, head, head_dir = trained
+    raw = json.loads((head_dir / "config.json").read_text())
+    config = SpeculatorModelConfig.from_dict(raw)
+    assert isinstance(config, Eagle3SpeculatorConfig)
+    assert config.eagle_aux_hidden_state_layer_ids == raw["eagle_aux_hidden_state_layer_ids"]
+    assert (config.norm_before_fc, config.norm_output, config.norm_before_residual) == (
+        True, True, True)
+    config.transformer_layer_config._attn_implementation = "eager"
+    model = Eagle3DraftModel(config)
+    weights = {k: torch.from_numpy(np.array(v)) for k, v in mx.load(
+        str(head_dir / "model.safetensors")).items()}
+    weights["embed_tokens.weight"] = torch.from_numpy(np.array(target.embed(
+        mx.arange(target.vocab_size))))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert not unexpected and set(missing) <= {"verifier_norm.weight",
+                                               "verifier_lm_head.weight"}, (missing, unexpected)
+    model.eval()
+    drafter = eagle3_drafter(head, target)
+    prefix = HELD_OUT[1] + [5, 9, 13]
+    cache = kv.make_cache(target.model)
+    _, taps = target.forward(prefix[:-1], cache, hidden=drafter.needs_hidden)
+    state = drafter.new_state()
+    drafter.commit(state, DraftContext(target, prefix, cache, taps, 0), 0)
+    draft = drafter.draft(state, DraftContext(target, prefix, cache), 2,
+                          Sampler(SamplingConfig(temperature=1.0, seed=3)))
+    seq = prefix + [int(draft.tokens[0])]
+    _, all_taps = target.forward(seq[:-1], kv.make_cache(target.model),
+                                 hidden=drafter.needs_hidden)
+    logits = []
+    hook = model.lm_head.register_forward_hook(lambda _m, _i, o: logits.append(o[0]))
+    try:
+        with torch.no_grad():
+            model(hidden_states=torch.from_numpy(np.array(all_taps))[None],
+                  input_ids=torch.tensor([seq[1:]]),
+                  document_ids=torch.zeros(1, len(seq) - 1, dtype=torch.long), ttt_steps=2)
+    finally:
+        hook.remove()
+    row = len(prefix) - 2  # the last committed entry
+    for j in range(2):
+        q = torch.softmax(logits[j][row].double(), -1).numpy()
+        np.testing.assert_allclose(np.array(draft.probs[j], np.float64), q, atol=1e-5)
