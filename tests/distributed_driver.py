@@ -9,7 +9,7 @@ Each turn: {"prompt": [...], "max_tokens": n, "k": 1 | 3 | "auto", "seed": s | n
 prefill of the committed tokens (ShardedTarget.differences), and the command messages per
 target forward are counted. {"batch": [prompt, ...]}: those conversations verified together
 (engine/batch.py), checked the same way. {"hang": true}: print the worker pids, then decode
-until killed."""
+until killed. {"idle": s}: one short turn, the worker pids, s seconds of nothing, then a turn."""
 
 from __future__ import annotations
 
@@ -64,6 +64,15 @@ def main() -> None:
         conv = engine.conversation()
         while True:
             list(conv.generate([5, 6, 7], max_tokens=400, ignore_eos=True))
+    if job.get("idle"):  # what a worker does while rank 0 waits (a server between requests)
+        import time
+
+        conv = engine.conversation()
+        list(conv.generate([5, 6, 7], max_tokens=4, ignore_eos=True))
+        print(json.dumps({"pids": [p.pid for p in target.link.watch.procs]}), flush=True)
+        time.sleep(job["idle"])
+        out["after_idle"] = list(list(conv.generate([8, 9], max_tokens=4, ignore_eos=True))[-1]
+                                 .tokens)
     if job.get("batch"):  # conversations verified together (the server's batch), checked
         from test_batch import lockstep
 

@@ -188,6 +188,34 @@ def test_a_lost_rank_ends_rank_0_with_one_line(dirs, hostfile, how):
         os.kill(worker, 0)
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_an_idle_worker_sleeps(dirs, hostfile):
+    """Between rank 0's commands a worker waits on the doorbell (bell.py), in the kernel: over
+    3 idle seconds it uses a small fraction of a core (the ring backend's own wait polls: a
+    whole one), and answers the next command."""
+    env = {**os.environ, "MLX_SPEC_PORT": str(_free_port())}
+    job = {"model": str(dirs["llama"]), "hostfile": str(hostfile), "idle": 4, "turns": []}
+    p = subprocess.Popen([sys.executable, str(HERE / "distributed_driver.py"), json.dumps(job)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        worker = json.loads(p.stdout.readline())["pids"][0]
+        time.sleep(0.5)
+        before = _cpu_seconds(worker)
+        time.sleep(3.0)
+        used = _cpu_seconds(worker) - before
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err[-2000:]
+    assert used < 0.3, f"an idle worker used {used:.2f} s of CPU in 3 s"
+    assert len(json.loads(out.strip().splitlines()[-1])["after_idle"]) == 4
+
+
 def test_bad_splits_and_hostfiles_are_one_line(dirs, tmp_path, hostfile):
     with pytest.raises(MlxSpecError, match="cannot be split by pipeline"):
         load_engine(LoadSpec(model=str(dirs["llama"]), drafter="none", hostfile=str(hostfile),

@@ -27,12 +27,14 @@ import mlx.core as mx
 from ..errors import MlxSpecError
 from ..model import TargetModel
 from ..paths import data_dir
+from .bell import Bell
 from .hosts import DEFAULT_PORT, Hostfile, read_hostfile
 from .link import Link, Op
 from .ranks import agree, load_part
 from .target import ShardedTarget, Split, choose_mode
 
 LOAD_TIMEOUT = 3600.0  # a rank loading its part of a 400B model from a slow disk
+JOIN_TIMEOUT = 120.0  # every rank started and in the group (MLX_SPEC_RANK_TIMEOUT is per step)
 
 
 class Watch:
@@ -188,7 +190,9 @@ def load_split(whole: TargetModel, *, hostfile: str | Path, mode: str | None = N
     path = Path(whole.path)
     hosts = [h.ssh for h in hf.hosts]
     port = int(os.environ.get("MLX_SPEC_PORT", DEFAULT_PORT))
-    args = {"model": str(path), "mode": mode, "hosts": hosts, "backend": hf.backend}
+    bell = Bell(hf.hosts[0].ips[0] if hf.hosts[0].ips else "127.0.0.1")
+    args = {"model": str(path), "mode": mode, "hosts": hosts, "backend": hf.backend,
+            "bell": bell.address}
     procs, logs = start_workers(hf, args, port)
     watch = Watch(hf, procs, logs)
     atexit.register(stop, procs)
@@ -196,18 +200,19 @@ def load_split(whole: TargetModel, *, hostfile: str | Path, mode: str | None = N
     os.environ.update(env)
     for var, content in files.items():
         os.environ[var] = _temp_file(content)
-    watch.arm("joining the group")
+    watch.arm("joining the group", JOIN_TIMEOUT)
     group = mx.distributed.init(backend=hf.backend, strict=True)
     try:
         agree(group, hosts, path)
         watch.arm("loading the target's parts", LOAD_TIMEOUT)
         part = load_part(group, hosts, lambda: whole, mode)
+        bell.accept(hf.size - 1)
     except MlxSpecError:  # every rank reached this verdict and exits: not a crash
         watch.closing = True
         stop(procs)
         raise
     watch.disarm()
-    link = Link(group, watch)
+    link = Link(group, watch, bell)
     target = ShardedTarget.over(part, link, Split(group.size(), mode, hf.backend))
     atexit.register(_quit, link, watch)  # runs before stop(): registered later
     return target

@@ -115,8 +115,9 @@ class Link:
     forward and its command go as one, so threads (a calibration while idle) cannot interleave
     their messages."""
 
-    def __init__(self, group: mx.distributed.Group, watch=None):
+    def __init__(self, group: mx.distributed.Group, watch=None, bell=None):
         self.group, self.watch = group, watch  # watch: launch.Watch, which ends a hung step
+        self.bell = bell  # bell.Bell: wakes the workers before each command (None: they spin)
         self.lock = threading.RLock()
         self._ops: list[tuple[int, ...]] = []
         self.broken = False  # a collective failed: the group cannot be trusted again
@@ -136,7 +137,8 @@ class Link:
                 self.watch.arm(what)
             try:
                 yield
-            except RuntimeError as e:  # the backend lost a peer ("[ring] connection ... lost")
+            except (RuntimeError, OSError) as e:  # the backend lost a peer ("[ring] connection
+                # ... lost"), or the doorbell did
                 self.broken = True
                 if self.watch is not None:
                     self.watch.check()  # a rank that exited: its own line, and the end
@@ -163,6 +165,8 @@ class Link:
             self._broadcast(*encode(ops, fwd))
 
     def _broadcast(self, vec: mx.array, extra: mx.array | None) -> None:
+        if self.bell is not None:
+            self.bell.ring()  # one byte each: the workers leave their kernel wait for it
         mx.eval(mx.distributed.all_sum(vec, group=self.group))
         self.messages += 1
         if extra is not None:
@@ -170,8 +174,13 @@ class Link:
             self.messages += 1
 
 
-def receive(group: mx.distributed.Group) -> Command:
-    """A worker's side: wait for rank 0's next command (adding zeros to its all_sum)."""
+def receive(group: mx.distributed.Group, bell=None) -> Command:
+    """A worker's side: wait for rank 0's next command (adding zeros to its all_sum); with
+    `bell` (a socket from bell.answer) asleep until rank 0 rings, not in the backend."""
+    if bell is not None:
+        from .bell import wait
+
+        wait(bell)
     vec = mx.distributed.all_sum(mx.zeros((SIZE,), mx.int32), group=group)
 
     def extra(n: int) -> mx.array:

@@ -24,11 +24,11 @@ from ..model import TargetModel
 from .link import NO_CACHE, ROWS, Command, Op, gather_text, receive
 
 
-def follow(target: TargetModel, group: mx.distributed.Group) -> None:
-    """Rank 0's commands, one by one, until QUIT."""
+def follow(target: TargetModel, group: mx.distributed.Group, bell=None) -> None:
+    """Rank 0's commands, one by one, until QUIT (bell: wait for each asleep, bell.py)."""
     caches: dict[int, list[Any]] = {}
     while True:
-        cmd = receive(group)
+        cmd = receive(group, bell)
         rows: list[tuple[int, int]] = []
         for op, a, b, c in cmd.ops:
             if op == Op.NEW:
@@ -95,6 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     args = json.loads((argv or sys.argv[1:])[0])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ctrl+c is rank 0's to handle: it says quit
     _exit_with_parent()
+    bell = None
+    if args.get("bell"):  # before joining: rank 0 accepts it once every rank has its part
+        from .bell import answer
+
+        try:
+            bell = answer(args["bell"], int(os.environ.get("MLX_RANK", "0")))
+        except OSError as e:
+            print(f"rank {os.environ.get('MLX_RANK')}: cannot reach rank 0 at {args['bell']}"
+                  f" ({e})", file=sys.stderr, flush=True)
+            return 1
     group = mx.distributed.init(backend=args.get("backend", "ring"), strict=True)
     try:
         model = Path(args["model"])
@@ -104,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     except MlxSpecError:  # every rank reached the same verdict; rank 0 says it
         return 1
     try:
-        follow(target, group)
+        follow(target, group, bell)
+    except EOFError:  # rank 0 closed the doorbell: it is gone
+        os._exit(3)
     except Exception as e:  # noqa: BLE001 - one line for rank 0's watch, then gone
         from ..errors import user_message
 
