@@ -162,13 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="side-by-side speed benchmark")
     b.add_argument("--quick", action="store_true")
     b.add_argument("--group", default="all", choices=["all", "published", "first-turn",
-                                                      "serve", "distributed"],
+                                                      "serve", "distributed", "demo"],
                    help="all: the full run (docs/BENCH.md, with published and first-turn); "
                         "published: the Gemma 4 assistant and EAGLE-3 rows (BENCH-drafters.md); "
                         "first-turn: auto's first turn before calibration (BENCH-first-turn.md); "
                         "serve: 1-8 streaming clients, ours and mlx_lm.server (BENCH-serve.md); "
                         "distributed: the target split over 2 ranks as the link slows "
-                        "(BENCH-distributed.md); serve and distributed are not part of all")
+                        "(BENCH-distributed.md); demo: the bundled pair as a first run opens "
+                        "it (BENCH-demo.md); serve and distributed are not part of all")
     b.add_argument("--out", default="docs")
     return ap
 

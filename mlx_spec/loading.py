@@ -14,9 +14,11 @@ from .model import TargetModel
 from .spec import MAX_DRAFT, LoadSpec
 
 
-def load_target(path_or_repo: str | Path, *, lazy: bool = False) -> tuple[TargetModel, Any]:
+def load_target(path_or_repo: str | Path, *, lazy: bool = False,
+                dtype: str | None = None) -> tuple[TargetModel, Any]:
     """(TargetModel, mlx-lm TokenizerWrapper) for a local model directory or a hub repo id.
-    lazy: weights are mapped, not read, until used (to inspect a model's layout)."""
+    lazy: weights are mapped, not read, until used (to inspect a model's layout). dtype
+    ("float32", …): its floating-point weights cast to that at load (the name says so)."""
     from mlx_lm import load
 
     local = _local_dir(path_or_repo)  # a hub repo id is fetched (resumably) first
@@ -35,8 +37,14 @@ def load_target(path_or_repo: str | Path, *, lazy: bool = False) -> tuple[Target
         or config.get("text_config", {}).get("max_position_embeddings")
         or 4096
     )
-    target = TargetModel(model, context_length=context, name=_display_name(path_or_repo),
-                         path=local, config=config, tokenizer=tokenizer)
+    name = _display_name(path_or_repo)
+    if dtype is not None:
+        import mlx.core as mx
+
+        model.set_dtype(getattr(mx, dtype))
+        name = f"{name} ({dtype.replace('float', 'f')})"
+    target = TargetModel(model, context_length=context, name=name, path=local, config=config,
+                         tokenizer=tokenizer, cast=dtype)
     return target, tokenizer
 
 
@@ -106,13 +114,14 @@ def load_engine(spec: LoadSpec | None = None):
     spec.num_draft None: the drafter's own length where its files declare one (a Gemma 4
     assistant's `num_assistant_tokens`), else "auto". spec.drafter "auto": an MTP head beside
     the model, else the draft model, else none."""
-    from .assets import DEMO_DRAFT, demo_model
+    from .assets import DEMO_DRAFT, demo_model, demo_variant
     from .engine import Engine
 
     spec = spec or LoadSpec()
-    model, draft_model = spec.model, spec.draft_model
-    if model is None:
-        model = demo_model()
+    model, draft_model, dtype = spec.model, spec.draft_model, None
+    if model is None:  # the bundled demo, in the variant that can pay on this device
+        variant = demo_variant()
+        model, dtype = demo_model(variant.name), variant.dtype
         if not Path(model).exists():
             raise ModelLoadError(
                 "no --model given and the bundled demo model is missing "
@@ -120,7 +129,7 @@ def load_engine(spec: LoadSpec | None = None):
             )
         if draft_model is None and spec.drafter == "draft":
             draft_model = demo_model(DEMO_DRAFT)
-    target, tokenizer = load_split_or_whole(model, spec)
+    target, tokenizer = load_split_or_whole(model, spec, dtype=dtype)
     chosen = spec.drafter
     if chosen == "auto":
         chosen = ("draft" if draft_model else
@@ -135,10 +144,12 @@ def load_engine(spec: LoadSpec | None = None):
     return Engine(target, tokenizer, d, draft_length=num_draft, kv_bits=spec.kv_bits)
 
 
-def load_split_or_whole(model: str | Path, spec: LoadSpec) -> tuple[TargetModel, Any]:
-    """The target on this machine, or split over the hostfile's (distributed/launch.py)."""
+def load_split_or_whole(model: str | Path, spec: LoadSpec, *, dtype: str | None = None
+                        ) -> tuple[TargetModel, Any]:
+    """The target on this machine (cast to `dtype`), or split over the hostfile's
+    (distributed/launch.py; as saved: every rank loads its own part)."""
     if spec.hostfile is None:
-        return load_target(model)
+        return load_target(model, dtype=dtype)
     from .distributed.launch import load_split
 
     whole, tokenizer = load_target(model, lazy=True)  # each rank reads only its part

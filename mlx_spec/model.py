@@ -22,6 +22,7 @@ class TargetModel:
     path: Path | None = None  # the local checkpoint directory, when loaded from one
     config: dict = field(default_factory=dict)  # its config.json
     tokenizer: Any = None  # the mlx-lm tokenizer loaded with it (drafters compare vocabularies)
+    cast: str | None = None  # computed in this dtype, not as saved (load_target(dtype=...))
 
     @property
     def ranks(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from mlx_spec.bench import BenchConfig, bench
+from mlx_spec.bench.demo import bench_demo
 from mlx_spec.bench.parity import mirrored
 from mlx_spec.bench.report import write_first_turn
 from mlx_spec.bench.scenario import GROUPS, bench_first_turn
@@ -33,7 +34,7 @@ def test_bench_runs_and_greedy_rows_agree(tmp_path):
                    for t in (0, 1) for k in (1, 2)}
     assert set(saved["parity"]) - auto_ratios == {
         "target-only ÷ mlx-lm generate_step T=0", "target-only ÷ mlx-lm generate_step T=1",
-        "demo q8 mtp auto ÷ demo q8 target-only T=0"}
+        "demo f32 mtp auto ÷ demo f32 target-only T=0"}  # the variant a CPU opens
     assert len(set(saved["parity"]) & auto_ratios) == 4  # each auto row against its best k
     assert all(len(p["pairs"]) >= 1 and p["median"] > 0 for p in saved["parity"].values())
     hybrid = saved["hybrid"]  # the hybrid group: rows, both rollback strategies, parity
@@ -59,6 +60,21 @@ def test_bench_runs_and_greedy_rows_agree(tmp_path):
     assert "## First turn" in (tmp_path / "BENCH.md").read_text()
     write_first_turn({"machine": saved["machine"], "first_turn": first, "minutes": 1.0}, tmp_path)
     assert "TTFT prior ÷ k=2" in (tmp_path / "BENCH-first-turn.md").read_text()
+
+
+def test_demo_group_measures_the_variant_the_app_opens(tmp_path):
+    """On a CPU backend the first run opens the bf16 demo target computed in f32; the group
+    measures it (auto ÷ target-only in pairs) and the 8-bit one beside it."""
+    result = bench_demo(TINY, tmp_path, log=lambda s: None)
+    assert result["chosen"] == "demo-target (f32)"
+    assert [v["target"] for v in result["variants"]] == ["demo-target (f32)", "demo-target-q8"]
+    for v in result["variants"]:
+        assert v["auto_vs_target"]["median"] > 0 and len(v["verify_ms"]) == 5
+    names = [r["name"] for r in result["rows"]]
+    assert "demo-target (f32) mtp auto" in names and "demo-target-q8 mtp k=4" in names
+    text = (tmp_path / "BENCH-demo.md").read_text()
+    assert "open **demo-target (f32)** here" in text and "| demo-target-q8 |" in text
+    assert build_parser().parse_args(["bench", "--group", "demo"]).group == "demo"
 
 
 def test_first_turn_group_is_selectable():
@@ -149,3 +165,23 @@ def test_a_subprocess_server_is_stopped_on_the_way_out(tmp_path):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)
     assert proc.poll() is not None and not healthy(url)
+
+
+def test_the_demo_opens_the_variant_that_can_pay_here():
+    """No model: the bundled demo, in the variant for this device — on MLX's CPU backend the
+    bf16 target computed in f32 (quantized matmul is compute-bound there), which the name
+    says and the calibration key tells apart from the same files uncast."""
+    import mlx.core as mx
+
+    from mlx_spec.assets import demo_model, demo_variant
+    from mlx_spec.engine.calibration import key_of
+    from mlx_spec.loading import load_engine, load_target
+
+    assert mx.default_device() == mx.cpu  # this suite's machines
+    assert (demo_variant().name, demo_variant().dtype) == ("demo-target", "float32")
+    engine = load_engine()
+    assert engine.target.name == "demo-target (f32)" and engine.target.cast == "float32"
+    assert engine.target.model.layers[0].self_attn.q_proj.weight.dtype == mx.float32
+    assert engine.drafter is not None and engine.drafter.name == "mtp"
+    plain, _ = load_target(demo_model("demo-target"))
+    assert key_of(plain, None) != key_of(engine.target, None)

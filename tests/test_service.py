@@ -48,7 +48,8 @@ def test_process_gives_the_engines_tokens_and_kinds(process):
     tokens, end = turn(process, max_tokens=40)
     assert list(end.tokens) == list(ref[-1].tokens)  # same weights, same loop: exact
     assert {e.kind for e in tokens} - {Kind.TARGET}  # drafts were verified in the child
-    assert process.info.target == "demo-target-q8" and process.info.drafter == "mtp"
+    # the demo variant that can pay here: on MLX's CPU backend the bf16 target in f32
+    assert process.info.target == "demo-target (f32)" and process.info.drafter == "mtp"
     assert end.stats.generated_tokens == len(tokens) and end.stats.tok_s > 0
 
 

@@ -354,9 +354,13 @@ def load_bench_models(cfg: BenchConfig) -> BenchModels:
 
 
 def load_demo() -> tuple[TargetModel, MTPDrafter]:
-    """The bundled 8-bit demo target, as the app runs it, and its MTP head."""
-    demo, _ = load_target(demo_model())
-    return demo, load_mtp_drafter(find_mtp_head(demo_model(), demo), demo)
+    """The bundled demo target as the app opens it here (assets.demo_variant), and its MTP
+    head."""
+    from ..assets import demo_variant
+
+    v = demo_variant()
+    demo, _ = load_target(demo_model(v.name), dtype=v.dtype)
+    return demo, load_mtp_drafter(find_mtp_head(demo_model(v.name), demo), demo)
 
 
 def load_demo_tokenizer() -> Any:

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..drafters import DraftModelDrafter, NgramDrafter
 from ..train.corpus import long_prompt, prompts_from_corpus
+from .demo import bench_demo
 from .distributed import bench_distributed
 from .hybrid import TARGET as HYBRID_TARGET
 from .hybrid import build_hybrid, hybrid_rows
@@ -227,18 +228,20 @@ def compare_quantized(cfg: BenchConfig, run: Runner, models: BenchModels, log: L
 
 
 def compare_demo(cfg: BenchConfig, run: Runner, log: Log) -> tuple[list[Row], dict[str, dict]]:
-    """The bundled 8-bit demo target as the app runs it: target-only and MTP auto, and their
-    ratio in ABBA pairs on the first prompt."""
-    log("-- the bundled 8-bit demo target, as the app runs it")
+    """The bundled demo target as the app opens it here (assets.demo_variant): target-only and
+    MTP auto, and their ratio in ABBA pairs (the demo group, demo.py, has more)."""
     demo, demo_mtp = load_demo()
-    group = [run.ours(demo, None, 1, "demo q8 target-only T=0", "none", "8bit", 0.0),
-             run.ours(demo, demo_mtp, "auto", "demo q8 mtp auto T=0", "mtp", "8bit", 0.0)]
+    tag = "demo q8" if demo.cast is None else f"demo {demo.cast.replace('float', 'f')}"
+    kind = "8bit" if demo.cast is None else "demo-f32"
+    log(f"-- the bundled demo target, as the app opens it here: {demo.name}")
+    group = [run.ours(demo, None, 1, f"{tag} target-only T=0", "none", kind, 0.0),
+             run.ours(demo, demo_mtp, "auto", f"{tag} mtp auto T=0", "mtp", kind, 0.0)]
     against_first(group)
     log_speedups(group, log)
-    ratio = abba(lambda: run.ours(demo, demo_mtp, "auto", "parity", "mtp", "8bit", 0.0).tok_s,
-                 lambda: run.ours(demo, None, 1, "parity", "none", "8bit", 0.0).tok_s,
+    ratio = abba(lambda: run.ours(demo, demo_mtp, "auto", "parity", "mtp", kind, 0.0).tok_s,
+                 lambda: run.ours(demo, None, 1, "parity", "none", kind, 0.0).tok_s,
                  2 * cfg.parity_pairs)
-    return group, {"demo q8 mtp auto ÷ demo q8 target-only T=0": ratio}
+    return group, {f"{tag} mtp auto ÷ {tag} target-only T=0": ratio}
 
 
 def compare_long_prompt(cfg: BenchConfig, run: Runner, models: BenchModels, length: int,
@@ -359,7 +362,7 @@ def bench_first_turn(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str,
 
 
 GROUPS = {"all": bench, "published": bench_published, "first-turn": bench_first_turn,
-          "serve": bench_serve, "distributed": bench_distributed}
+          "serve": bench_serve, "distributed": bench_distributed, "demo": bench_demo}
 
 
 def cmd_bench(args) -> int:

@@ -87,6 +87,8 @@ def key_of(target: TargetModel, kv_bits: int | None) -> str | None:
                    for f in path.iterdir() if f.is_file())
     what = dict(files=files, device=device_name(), kv_bits=kv_bits, version=VERSION,
                 quantization=target.config.get("quantization") if target.config else None)
+    if target.cast:  # weights cast at load: another compute dtype, other costs
+        what["cast"] = target.cast
     if target.ranks > 1:  # a split target's costs include the links between its machines
         what["split"] = target.split_label
     digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
