@@ -253,3 +253,14 @@ def test_doctor_checks_every_host(dirs, hostfile, tmp_path, monkeypatch):
                                        {"ssh": "nohost.invalid", "ips": ["10.9.9.9"]}]))
     far = check_hosts(str(unreachable), None)
     assert far[0].ok and not far[1].ok and "ssh" in far[1].fix
+
+
+def test_a_tensor_split_needs_heads_that_divide(dirs):
+    """mlx-lm's shard does not check: 3 ranks over 4 heads / 2 KV heads would fail at the
+    first forward inside a norm. Refused at load, in one line."""
+    from mlx_spec.distributed.target import check_heads_divide
+
+    target, _ = load_target(dirs["llama"], lazy=True)
+    check_heads_divide(target, 2)
+    with pytest.raises(MlxSpecError, match="4 attention heads / 2 KV heads do not divide over 3"):
+        check_heads_divide(target, 3)

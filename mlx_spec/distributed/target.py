@@ -61,11 +61,25 @@ def choose_mode(target: TargetModel, forced: str | None) -> str:
     return forced or modes[0]
 
 
+def check_heads_divide(target: TargetModel, ranks: int) -> None:
+    """A tensor split gives each rank a share of every layer's heads: mlx-lm's shard does not
+    check that they divide (the first forward fails deep inside a norm), so say it here."""
+    heads = getattr(target.args, "num_attention_heads", None)
+    kv = getattr(target.args, "num_key_value_heads", None) or heads
+    if heads and (heads % ranks or kv % ranks):
+        other = "--pipeline or " if "pipeline" in split_modes(target) else ""
+        raise UnsupportedModelError(
+            f"{target.name}: {heads} attention heads / {kv} KV heads do not divide over "
+            f"{ranks} ranks, which a tensor split needs; use {other}a rank count that "
+            "divides both")
+
+
 def split_target(target: TargetModel, group: mx.distributed.Group, mode: str) -> None:
     """Keep only this rank's part of a lazily loaded target, then read its weights."""
     if mode == "pipeline":
         target.backbone.pipeline(group)
     else:
+        check_heads_divide(target, group.size())
         target.model.shard(group)
     mx.eval(target.model.parameters())
 
