@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from .cli_models import add_commands as add_hub_commands
+from .cli_print import print_fragment, summary_line
 from .errors import MlxSpecError, user_message
 from .kinds import DRAFTERS
 from .spec import AUTO_MAX_DRAFT, MAX_DRAFT, LoadSpec, parse_draft_length
@@ -24,7 +25,6 @@ from .spec import AUTO_MAX_DRAFT, MAX_DRAFT, LoadSpec, parse_draft_length
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # ctrl+c, as shells report SIGINT
 EXIT_FAILURE = 1  # anything else that went wrong (not the input)
-KIND_COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[4;31m", "bonus": "\x1b[34m"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -120,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--minutes", type=_positive_float, default=None, help="train this long "
                    "instead (data generation included); a resumed run trains this much more")
     t.add_argument("--out", default=None)
-    t.add_argument("--kind", choices=["shared-kv", "deepseek", "eagle3"], default="shared-kv")
+    t.add_argument("--kind", choices=["shared-kv", "deepseek", "eagle3"], default=None,
+                   help="default: eagle3 where the target's layers can be tapped (the most "
+                        "tokens per pass per minute of training, docs/TRAIN.md), else shared-kv")
     t.add_argument("--depth", type=_positive_int, help="chained draft steps trained (default 8)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch-size", type=_positive_int, default=8)
@@ -285,7 +287,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 kinds.append(ev.kind.value)
                 text.append(ev.text)
                 if not args.json:
-                    _print_fragment(ev.text, ev.kind.value, colour)
+                    print_fragment(ev.text, ev.kind.value, colour)
             else:
                 end = ev
     assert end is not None  # generate always ends with its TurnEnd
@@ -398,30 +400,6 @@ def _bar():
     from .cli_models import ProgressBar
 
     return ProgressBar()
-
-
-def _print_fragment(text: str, kind: str, colour: bool) -> None:
-    if colour and kind in KIND_COLOURS:
-        text = f"{KIND_COLOURS[kind]}{text}\x1b[0m"
-    sys.stdout.write(text)
-    sys.stdout.flush()
-
-
-def summary_line(s: Any) -> str:
-    line = (f"[{s.generated_tokens} tokens, {s.tok_s:.1f} tok/s, TTFT {s.ttft_s * 1000:.0f} ms, "
-            f"drafter {s.drafter}")
-    if s.drafter != "none":
-        k = f"auto≤{s.max_draft} (mean {s.mean_draft:.1f})" if s.adaptive else str(s.max_draft)
-        line += (f" k={k}, acceptance {s.acceptance_rate:.0%}, "
-                 f"{s.tokens_per_pass:.2f} tokens/pass")
-        line += f", drafter mem {s.drafter_bytes / 2**20:.1f} MB"
-    line += f", KV {s.kv_cache_bytes / 2**20:.1f} MB"
-    if s.ranks > 1:
-        line += f", target split {s.split}, {s.target_bytes / 2**20:.1f} MB of it here"
-    if s.generated_tokens > 1:
-        line += (f", ITL p50/p90/max {s.itl_p50_s * 1e3:.0f}/{s.itl_p90_s * 1e3:.0f}/"
-                 f"{s.itl_max_s * 1e3:.0f} ms")
-    return line + f", finish {s.finish_reason}]"
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

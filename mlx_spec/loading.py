@@ -92,6 +92,16 @@ def _display_name(path_or_repo: str | Path) -> str:
     return p.name
 
 
+def find_eagle3_head(model_path: str | Path) -> Path | None:
+    """An EAGLE-3 head beside a model directory (DIR/eagle3/, where train-drafter writes it)."""
+    d = Path(model_path).expanduser() / "eagle3"
+    try:
+        config = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return d if config.get("speculators_model_type") == "eagle3" else None
+
+
 def find_mtp_head(model_path: str | Path | None, target: TargetModel | None = None
                   ) -> Path | None:
     """A model's MTP head: DIR/mtp/ or a sibling DIR-mtp/ (a head trained by train-drafter, or a
@@ -132,6 +142,8 @@ def load_engine(spec: LoadSpec | None = None):
     target, tokenizer = load_split_or_whole(model, spec, dtype=dtype)
     chosen = spec.drafter
     if chosen == "auto":
+        if draft_model is None and not (spec.mtp or find_mtp_head(model, target)):
+            draft_model = find_eagle3_head(model)  # one train-drafter wrote beside the model
         chosen = ("draft" if draft_model else
                   "mtp" if (spec.mtp or find_mtp_head(model, target)) else "none")
     d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=spec.mtp)

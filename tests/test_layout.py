@@ -30,6 +30,7 @@ FLOORS = {
     "mlx_spec.serve": 5,
     "mlx_spec_app": 6,
     "mlx_spec.cli": 7,
+    "mlx_spec.cli_print": 7,
 }
 # import no MLX when imported (the UI's process loads these); hub/ none even lazily
 NO_MLX = ("mlx_spec.hub", "mlx_spec.spec", "mlx_spec.kinds", "mlx_spec.layouts",

@@ -23,6 +23,7 @@ from test_engine_sampling import (
 )
 
 from mlx_spec import cache as kv
+from mlx_spec.assets import demo_model
 from mlx_spec.drafters.mtp import MTPConfig, MTPDrafter, load_mtp_drafter, make_head, save_mtp
 from mlx_spec.errors import ModelLoadError, TokenizerMismatchError
 from mlx_spec.sampling import SamplingConfig
@@ -128,10 +129,11 @@ def test_shared_kv_head_reads_a_quantized_cache_in_place(monkeypatch):
     K/V as they are (quantized SDPA): nothing is dequantized per round, its drafts are still
     accepted as often as over plain K/V, and greedy output stays the 8-bit target's own."""
 
-    prompt = open_chat(drafter="none").tokenizer.encode("def read_config(path):\n    ")
-    plain = open_chat(drafter="mtp", num_draft=4)
-    quantized = open_chat(drafter="mtp", num_draft=4, kv_bits=8)
-    baseline, _ = run(open_chat(drafter="none", kv_bits=8), prompt, max_tokens=48)
+    q8 = str(demo_model("demo-target-q8"))  # a CPU opens the f32 demo variant by default
+    prompt = open_chat(model=q8, drafter="none").tokenizer.encode("def read_config(path):\n    ")
+    plain = open_chat(model=q8, drafter="mtp", num_draft=4)
+    quantized = open_chat(model=q8, drafter="mtp", num_draft=4, kv_bits=8)
+    baseline, _ = run(open_chat(model=q8, drafter="none", kv_bits=8), prompt, max_tokens=48)
     want, _ = run(plain, prompt, max_tokens=48)
     calls = []  # K/V are [B, heads, L, D]: 4-d (the 8-bit embedding dequantizes 3-d rows)
     real = mx.dequantize

@@ -51,7 +51,8 @@ def test_train_drafter_cli_smoke_and_mismatch(model_dirs, tmp_path, capsys):
     data.write_text("def f(x):\n    return x + 1\n" * 200)
     out = tmp_path / "head"
     args = ["train-drafter", "--target", str(model_dirs("qwen3")), "--data", str(data),
-            "--steps", "3", "--out", str(out), "--batch-size", "2", "--seq-len", "32"]
+            "--steps", "3", "--out", str(out), "--batch-size", "2", "--seq-len", "32",
+            "--kind", "shared-kv"]
     assert main(args) == 0
     assert (out / "mtp_config.json").exists()
     # the same --out for a target of another shape: a clear error, nothing overwritten
@@ -75,7 +76,7 @@ def test_train_drafter_for_minutes_without_data(model_dirs, tmp_path, capsys):
 
     out = tmp_path / "head"
     args = ["train-drafter", "--target", str(model_dirs("qwen3")), "--minutes", "0.15",
-            "--out", str(out), "--batch-size", "2", "--seq-len", "32"]
+            "--out", str(out), "--batch-size", "2", "--seq-len", "32", "--kind", "shared-kv"]
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "ETA" in err and "held-out after" in err

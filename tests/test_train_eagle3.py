@@ -179,3 +179,37 @@ def test_config_and_weights_are_speculators_own(torch, trained):
     for j in range(2):
         q = torch.softmax(logits[j][row].double(), -1).numpy()
         np.testing.assert_allclose(np.array(draft.probs[j], np.float64), q, atol=1e-5)
+
+
+def test_default_kind_is_eagle3_where_it_fits_and_is_found_beside_the_model(trained, tmp_path,
+                                                                              capsys):
+    """No --kind: an EAGLE-3 head where the target's layers can be tapped, written to
+    TARGET/eagle3 and used by `--drafter auto` from there; a target whose layers cannot be
+    tapped gets the shared-KV head."""
+    import shutil
+
+    from mlx_spec.train.distill import default_kind
+
+    target_dir = tmp_path / "target"
+    shutil.copytree(trained[0], target_dir)
+    assert main(["train-drafter", "--target", str(target_dir), "--steps", "2", "--depth", "2",
+                 "--batch-size", "2", "--seq-len", "32"]) == 0
+    err = capsys.readouterr().err
+    assert "head kind: eagle3" in err and "found by `--drafter auto`" in err
+    assert (target_dir / "eagle3" / "config.json").exists()
+    engine = open_chat(model=target_dir)
+    assert engine.drafter.name == "draft-eagle3"
+
+    class Untappable:  # a trunk whose layer inputs are not exposed (e.g. a recurrent family)
+        def __init__(self, t):
+            self.t = t
+
+        def __getattr__(self, name):
+            return getattr(self.t, name)
+
+        def exposes_taps(self, taps):
+            return False
+
+    said = []
+    assert default_kind(Untappable(trained[1]), said.append) == "shared-kv"
+    assert "not reachable" in said[0]

@@ -63,13 +63,20 @@ def encode_split(work: Path, tok_dir: Path, split: str) -> np.ndarray:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("runs/demo"))
-    ap.add_argument("--stage", choices=["tokenizer", "target", "drafters", "all"], default="all")
+    ap.add_argument("--stage", choices=["tokenizer", "target", "drafters", "mtp", "all"],
+                    default="all", help="mtp: retrain only the MTP head and install it beside "
+                    "the bundled targets (the draft model is left as it is)")
     ap.add_argument("--target-steps", type=int, default=1300)
     ap.add_argument("--mtp-steps", type=int, default=1200)
     ap.add_argument("--draft-steps", type=int, default=800)
     ap.add_argument("--target-lr", type=float, default=3e-3)
     ap.add_argument("--init-from", type=Path, default=None,
                     help="continue the target from this model directory's weights")
+    ap.add_argument("--mtp-init", type=Path, default=None,
+                    help="--stage mtp: start the head from this head directory (e.g. the "
+                         "bundled assets/models/demo-target/mtp) instead of random weights")
+    ap.add_argument("--mtp-minutes", type=float, default=None,
+                    help="--stage mtp: train this long instead of --mtp-steps (resumable)")
     ap.add_argument("--out", type=Path, default=Path("assets/models"))
     args = ap.parse_args(argv)
     tok_dir = build_tokenizer(args.work)
@@ -88,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
         save_model_dir(args.work / "target", model, TARGET_CONFIG, tokenizer_dir=tok_dir)
     if args.stage in ("drafters", "all"):
         build_drafters(args, tok_dir, train)
+    if args.stage == "mtp":
+        retrain_mtp(args, train, held)
 
 
 DRAFT_CONFIG = dict(TARGET_CONFIG, hidden_size=96, num_hidden_layers=2, intermediate_size=256,
@@ -109,7 +118,7 @@ def build_drafters(args, tok_dir: Path, train: np.ndarray) -> None:
 
     log = lambda s: print(s, flush=True)  # noqa: E731
     target, _ = load_target(args.work / "target")
-    dc = DistillConfig(steps=args.mtp_steps, batch_size=8, seq_len=128, lr=2e-3, depth=3)
+    dc = DistillConfig(steps=args.mtp_steps, batch_size=8, seq_len=128, lr=2e-3)
     data_path = args.work / "distill-data.npy"
     if not data_path.exists():
         np.save(data_path, build_training_set(target, train, dc, n_generated=512, log=log))
@@ -138,6 +147,52 @@ def build_drafters(args, tok_dir: Path, train: np.ndarray) -> None:
         {"target_heldout_loss": metrics["heldout_loss"], "target_steps": metrics["steps"],
          "mtp_steps": args.mtp_steps, "draft_steps": args.draft_steps,
          "train_tokens": int(len(train))}, indent=2))
+
+
+def demo_target_for_training(work: Path):
+    """The demo target in f32: the run's own (`work/target`), else the bundled bf16 one cast."""
+    from ..assets import DEMO_TARGET_F32, demo_model
+    from ..loading import load_target
+
+    if (work / "target" / "config.json").exists():
+        return load_target(work / "target")
+    return load_target(demo_model(DEMO_TARGET_F32), dtype="float32")
+
+
+def retrain_mtp(args, train: np.ndarray, held: np.ndarray) -> None:
+    """`--stage mtp`: the MTP head again, with the current recipe (every position, weighted by
+    the tokens that ride on it), optionally from a head already trained; installed beside both
+    bundled targets with its held-out curve (3 held-out corpus windows, greedy, k = 4 / 8)."""
+    import json
+    import shutil
+
+    from ..drafters.mtp import CONFIG_FILE, MTPConfig
+    from .data import held_rows
+    from .distill import DistillConfig, Progress, build_training_set, distill_mtp, held_out_scores
+
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    target, tokenizer = demo_target_for_training(args.work)
+    dc = DistillConfig(steps=args.mtp_steps, batch_size=8, seq_len=128, lr=2e-3)
+    data_path = args.work / "distill-data.npy"
+    if not data_path.exists():
+        np.save(data_path, build_training_set(target, train, dc, n_generated=512, log=log))
+    data = np.load(data_path)
+    if args.mtp_init is not None:
+        raw = json.loads((args.mtp_init / CONFIG_FILE).read_text())
+        cfg = MTPConfig(**{k: v for k, v in raw.items() if k in MTPConfig.__dataclass_fields__})
+    else:
+        cfg = MTPConfig.for_target(target, "shared-kv", hidden_size=128, num_layers=2,
+                                   num_heads=4, intermediate_size=384)
+    prompts = [held[i : i + 32].tolist() for i in range(0, 3 * 400, 400)]
+    seconds = args.mtp_minutes * 60 if args.mtp_minutes else None
+    out = args.work / "mtp-retrained"
+    distill_mtp(target, data, cfg, dc, out, Progress(), seconds=seconds, init=args.mtp_init,
+                held=held_rows(target, prompts, dc.seq_len),
+                evaluate=lambda d: held_out_scores(target, tokenizer, d, prompts))
+    for name in ("demo-target", "demo-target-q8"):
+        shutil.copytree(out, args.out / name / "mtp", dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("train"))
+    log(f"installed the head beside {args.out}/demo-target and demo-target-q8")
 
 
 if __name__ == "__main__":

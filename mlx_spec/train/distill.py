@@ -27,6 +27,7 @@ import numpy as np
 from .. import cache as kv
 from ..drafters.mtp import (
     CONFIG_FILE,
+    WEIGHTS_FILE,
     MTPConfig,
     MTPDrafter,
     make_head,
@@ -197,11 +198,13 @@ def eagle3_trainee(target: TargetModel, depth: int, seed: int = 0) -> tuple[Trai
 
 def distill_head(target: TargetModel, data: np.ndarray, t: Trainee, dc: DistillConfig,
                  out: Path, progress=_progress, *, seconds: float | None = None,
-                 evaluate=None, held: np.ndarray | None = None) -> dict:
+                 evaluate=None, held: np.ndarray | None = None,
+                 eval_every: float | None = None) -> dict:
     """Train `t.head` on rows of token ids; write `out/`. held: held-out rows the
     per-position acceptance (hence the loss weights) is estimated on (default: a few training
     rows). evaluate(drafter) -> held-out scores (held_out_scores), before training and every
-    few minutes: the curve goes into the head's metadata. Returns that metadata."""
+    `eval_every` training seconds (default: a quarter of the budget, at least a minute): the
+    curve goes into the head's metadata. Returns that metadata."""
     target.model.freeze()
     rows = mx.array((held if held is not None else data[:4]).astype(np.int32))
     weights = PositionWeights(dc.depth, lambda: acceptance(t.steps(rows, dc.depth)),
@@ -214,7 +217,7 @@ def distill_head(target: TargetModel, data: np.ndarray, t: Trainee, dc: DistillC
     curve: list[dict] = _previous_curve(out / t.info_file) if resumed else []
     hook = None
     if evaluate is not None:
-        every = max(60.0, (seconds or 600.0) / 5)
+        every = eval_every or max(60.0, (seconds or 600.0) / 4)
 
         def record(step: int, trained: float) -> None:
             point = {"step": step, "minutes": round(trained / 60, 2), **evaluate(t.drafter())}
@@ -238,23 +241,28 @@ def distill_head(target: TargetModel, data: np.ndarray, t: Trainee, dc: DistillC
 
 def distill_mtp(target: TargetModel, data: np.ndarray, cfg: MTPConfig, dc: DistillConfig,
                 out: Path, progress=_progress, *, seconds: float | None = None,
-                evaluate=None, held: np.ndarray | None = None) -> nn.Module:
-    """An MTP head of `cfg` for `target` (distill_head); writes `out/` (config + weights)."""
+                evaluate=None, held: np.ndarray | None = None,
+                eval_every: float | None = None, init: Path | None = None) -> nn.Module:
+    """An MTP head of `cfg` for `target` (distill_head); writes `out/` (config + weights).
+    init: a head directory of the same config to start from (a fresh run only; a resumed
+    one continues from its checkpoint)."""
     _check_resume(out, *_resume_keys(target, cfg, dc.depth))
     t = mtp_trainee(target, cfg, dc.seed)
+    if init is not None and not (out / "train" / "checkpoint.safetensors").exists():
+        t.head.load_weights(str(Path(init) / WEIGHTS_FILE), strict=True)
     distill_head(target, data, t, dc, out, progress, seconds=seconds, evaluate=evaluate,
-                 held=held)
+                 held=held, eval_every=eval_every)
     return t.head
 
 
 def distill_eagle3(target: TargetModel, data: np.ndarray, dc: DistillConfig, out: Path,
                    progress=_progress, *, seconds: float | None = None, evaluate=None,
-                   held: np.ndarray | None = None) -> nn.Module:
+                   held: np.ndarray | None = None, eval_every: float | None = None) -> nn.Module:
     """An EAGLE-3 head for `target` (distill_head); writes `out/` in the speculators format."""
     _check_resume(out, *_resume_keys(target, None, dc.depth))
     t, _ = eagle3_trainee(target, dc.depth, dc.seed)
     distill_head(target, data, t, dc, out, progress, seconds=seconds, evaluate=evaluate,
-                 held=held)
+                 held=held, eval_every=eval_every)
     return t.head
 
 
@@ -310,11 +318,55 @@ def _check_resume(out: Path, want: dict, config_file: str) -> None:
                                    f"target needs {value}; choose another --out")
 
 
+def default_kind(target: TargetModel, log=lambda s: None) -> str:
+    """train-drafter's head kind when none is asked for: EAGLE-3 where its taps are reachable
+    (on the demo target it led the shared-KV head after 20 minutes, 2.57 / 3.20 tokens per
+    pass at k = 4 / 8 against 2.48 / 2.77: docs/TRAIN.md), else the shared-KV MTP head."""
+    from ..drafters.eagle3 import Eagle3Config, check_fits
+    from .eagle3 import speculators_config
+
+    try:
+        cfg = Eagle3Config.from_dict(speculators_config(target, DistillConfig.depth))
+        check_fits(Eagle3Config(**{**cfg.__dict__, "layer_ids": cfg.taps(
+            len(target.backbone.layers))}), target)
+    except MlxSpecError as e:
+        log(f"head kind: shared-kv ({e})")
+        return "shared-kv"
+    log("head kind: eagle3 (the default where the target's layers can be tapped)")
+    return "eagle3"
+
+
+def default_mtp_config(target: TargetModel, kind: str) -> MTPConfig:
+    """train-drafter's MTP head: shared-KV 2 layers at half the target's width, DeepSeek-style
+    one layer at its width."""
+    return MTPConfig.for_target(target, kind, **(
+        {"hidden_size": max(64, target.hidden_size // 2), "num_layers": 2}
+        if kind == "shared-kv" else {"num_layers": 1}))
+
+
+def held_out_split(tokenizer: Any, data: str | None, dc: DistillConfig):
+    """(corpus tokens or None, prompts to continue or None, held-out prompts). From `data` (a
+    text file or directory): its last 5% are held out. Without: the target's own continuations
+    of the built-in prompts, the last few of them held out."""
+    from .prompts import HELD_OUT, PROMPTS
+
+    if data:
+        ids = encode(tokenizer, read_text_data(Path(data)))
+        cut = len(ids) - max(3 * 48, len(ids) // 20)
+        if cut < dc.seq_len + 2:
+            raise MlxSpecError(f"training data too short: {len(ids)} tokens, need > "
+                               f"{dc.seq_len + 3 * 48 + 1}")
+        held = ids[cut:]
+        return np.asarray(ids[:cut], dtype=np.int32), None, [held[i : i + 32]
+                                                              for i in range(0, 3 * 48, 48)]
+    encoded = [encode(tokenizer, [p]) for p in PROMPTS]
+    return None, encoded[:-HELD_OUT], encoded[-HELD_OUT:]
+
+
 def cmd_train_drafter(args) -> int:
     import time
 
     from ..loading import load_target
-    from .prompts import HELD_OUT, PROMPTS
 
     t0 = time.perf_counter()
     if args.minutes is not None and args.steps is not None:
@@ -325,23 +377,11 @@ def cmd_train_drafter(args) -> int:
                        batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                        depth=getattr(args, "depth", None) or DistillConfig.depth)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    if args.data:
-        ids = encode(tokenizer, read_text_data(Path(args.data)))
-        cut = len(ids) - max(3 * 48, len(ids) // 20)  # the last 5% are held out
-        if cut < dc.seq_len + 2:
-            raise MlxSpecError(f"training data too short: {len(ids)} tokens, need > "
-                               f"{dc.seq_len + 3 * 48 + 1}")
-        tokens, held = np.asarray(ids[:cut], dtype=np.int32), ids[cut:]
-        held_out = [held[i : i + 32] for i in range(0, 3 * 48, 48)]
-        prompts = None
-    else:  # the head learns the target itself, from its own continuations of built-in prompts
-        encoded = [encode(tokenizer, [p]) for p in PROMPTS]
-        tokens, prompts, held_out = None, encoded[:-HELD_OUT], encoded[-HELD_OUT:]
-    eagle = args.kind == "eagle3"
+    tokens, prompts, held_out = held_out_split(tokenizer, args.data, dc)
+    kind = args.kind or default_kind(target, log)
+    eagle = kind == "eagle3"
     out = Path(args.out) if args.out else Path(args.target) / ("eagle3" if eagle else "mtp")
-    cfg = None if eagle else MTPConfig.for_target(target, args.kind, **(
-        {"hidden_size": max(64, target.hidden_size // 2), "num_layers": 2}
-        if args.kind == "shared-kv" else {"num_layers": 1}))
+    cfg = None if eagle else default_mtp_config(target, kind)
     _check_resume(out, *_resume_keys(target, cfg, dc.depth))  # before any data is made
     n_gen = 256 if budget else min(256, max(32, dc.steps // 4))
     data = build_training_set(target, tokens, dc, n_gen, log, prompts=prompts,
@@ -366,6 +406,8 @@ def cmd_train_drafter(args) -> int:
               file=sys.stderr)
     print(f"mlx-spec: trained {last.get('step', '?')} steps in "
           f"{(time.perf_counter() - t0) / 60:.1f} min: {last.get('tokens_per_pass', 0):.2f} "
-          f"tokens per target pass at k=4 on held-out text (greedy); head in {out}",
+          f"tokens per target pass at k=4 on held-out text (greedy); head in {out}"
+          + (" (found by `--drafter auto` beside the model)" if out.parent == Path(args.target)
+             else f" (use it with --draft-model {out})" if eagle else ""),
           file=sys.stderr)
     return 0
