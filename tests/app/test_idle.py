@@ -4,6 +4,7 @@ first and never overlaps it; a saved baseline is shown at once and nothing is me
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -122,25 +123,32 @@ async def test_a_saved_baseline_is_shown_at_once_and_nothing_is_measured(home):
 
 
 class Counted(EngineInThread):
-    """The real engine in this process, counting its baseline measurements."""
+    """The real engine in this process, counting its baseline measurements; each measurement
+    waits for `go` (set by the test once it has seen "estimating…": the f32 demo target can
+    measure faster than the app's first frame)."""
 
     measured = 0
 
     def measure_baseline(self, **kwargs) -> Baseline | None:
         self.measured += 1
+        assert self.go.wait(120), "the test never let the measurement run"
         return super().measure_baseline(**kwargs)
 
 
 async def test_a_real_engine_measures_while_idle_and_the_next_run_reads_it(home):
     first = Counted.load(LoadSpec(num_draft=3))  # a fresh MLX_SPEC_HOME: nothing saved
+    first.go = threading.Event()
     assert first.info.baseline is None and not first.info.calibrated
     app = SpecChatApp(engine=first, history=History())
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         assert ESTIMATING in panel(app, "#method")
+        first.go.set()
         await until(pilot, lambda: app.host.baseline is not None, timeout=120)
         assert "÷ baseline" in panel(app, "#method") and first.measured == 1
     second = Counted.load(LoadSpec(num_draft=3))  # a later run on the same model and device
+    second.go = threading.Event()
+    second.go.set()  # a measurement here is counted, and fails the test below
     assert second.info.baseline is not None and second.info.calibrated
     app = SpecChatApp(engine=second, history=History())
     async with app.run_test(size=SIZE) as pilot:
