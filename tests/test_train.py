@@ -18,7 +18,13 @@ from mlx_spec.train.chain import (
     position_weights,
     thinning,
 )
-from mlx_spec.train.distill import DistillConfig, build_training_set, distill_mtp, mtp_trainee
+from mlx_spec.train.distill import (
+    DistillConfig,
+    build_training_set,
+    distill_draft_model,
+    distill_mtp,
+    mtp_trainee,
+)
 
 DC = DistillConfig(steps=40, batch_size=4, seq_len=32, lr=3e-3, warmup=5, save_every=20)
 
@@ -44,6 +50,31 @@ def test_distill_mtp_learns_and_resumes(load, tmp_path, kind):
     again = []
     distill_mtp(target, data, cfg, DC, tmp_path / "mtp", progress=lambda *a: again.append(a))
     assert again == []
+
+
+def test_distill_draft_model_continues_from_a_model_directory(load, tmp_path):
+    """init: the run starts from those weights (the demo's draft model is continued so)."""
+    from mlx_spec.train.modeldir import save_model_dir
+
+    target, _ = load("qwen3")
+    tokens = np.random.default_rng(0).integers(3, 300, 5000)
+    data = build_training_set(target, tokens, DC, n_generated=8, log=lambda s: None)
+    config = {**target.config, "num_hidden_layers": 1}
+    first: dict[str, list[float]] = {"fresh": [], "continued": []}
+
+    def run(name, init=None):
+        dc = DistillConfig(steps=30, batch_size=4, seq_len=32, lr=3e-3, warmup=2, save_every=50)
+        return distill_draft_model(target, data, config, dc, tmp_path / name, init=init,
+                                   progress=lambda step, total, loss, rate:
+                                   first[name].append(loss))
+
+    trained = run("fresh")
+    save_model_dir(tmp_path / "trained", trained, config)
+    run("continued", init=tmp_path / "trained")
+    # the continued run starts where the trained model ended (at or below the fresh run's
+    # running loss, which still averages in its early steps), not from scratch
+    assert first["continued"][0] < first["fresh"][0] - 0.5
+    assert first["continued"][0] < first["fresh"][-1] + 0.1
 
 
 def test_train_drafter_cli_smoke_and_mismatch(model_dirs, tmp_path, capsys):

@@ -63,9 +63,11 @@ def encode_split(work: Path, tok_dir: Path, split: str) -> np.ndarray:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("runs/demo"))
-    ap.add_argument("--stage", choices=["tokenizer", "target", "drafters", "mtp", "all"],
+    ap.add_argument("--stage", choices=["tokenizer", "target", "drafters", "mtp", "draft",
+                                        "all"],
                     default="all", help="mtp: retrain only the MTP head and install it beside "
-                    "the bundled targets (the draft model is left as it is)")
+                    "the bundled targets (the draft model is left as it is); draft: the same "
+                    "for the draft model")
     ap.add_argument("--target-steps", type=int, default=1300)
     ap.add_argument("--mtp-steps", type=int, default=1200)
     ap.add_argument("--draft-steps", type=int, default=800)
@@ -77,6 +79,11 @@ def main(argv: list[str] | None = None) -> None:
                          "bundled assets/models/demo-target/mtp) instead of random weights")
     ap.add_argument("--mtp-minutes", type=float, default=None,
                     help="--stage mtp: train this long instead of --mtp-steps (resumable)")
+    ap.add_argument("--draft-init", type=Path, default=None,
+                    help="--stage draft: start from this model directory (e.g. the bundled "
+                         "assets/models/demo-draft) instead of random weights")
+    ap.add_argument("--draft-minutes", type=float, default=None,
+                    help="--stage draft: train this long instead of --draft-steps (resumable)")
     ap.add_argument("--out", type=Path, default=Path("assets/models"))
     args = ap.parse_args(argv)
     tok_dir = build_tokenizer(args.work)
@@ -97,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
         build_drafters(args, tok_dir, train)
     if args.stage == "mtp":
         retrain_mtp(args, train, held)
+    if args.stage == "draft":
+        retrain_draft(args, tok_dir, train, held)
 
 
 DRAFT_CONFIG = dict(TARGET_CONFIG, hidden_size=96, num_hidden_layers=2, intermediate_size=256,
@@ -113,16 +122,12 @@ def build_drafters(args, tok_dir: Path, train: np.ndarray) -> None:
 
     from ..drafters.mtp import MTPConfig
     from ..loading import load_target
-    from .distill import DistillConfig, build_training_set, distill_draft_model, distill_mtp
+    from .distill import DistillConfig, distill_draft_model, distill_mtp
     from .modeldir import save_model_dir
 
-    log = lambda s: print(s, flush=True)  # noqa: E731
     target, _ = load_target(args.work / "target")
     dc = DistillConfig(steps=args.mtp_steps, batch_size=8, seq_len=128, lr=2e-3)
-    data_path = args.work / "distill-data.npy"
-    if not data_path.exists():
-        np.save(data_path, build_training_set(target, train, dc, n_generated=512, log=log))
-    data = np.load(data_path)
+    data = distill_data(args.work, target, train, dc)
     cfg = MTPConfig.for_target(target, "shared-kv", hidden_size=128, num_layers=2,
                                num_heads=4, intermediate_size=384)
     mtp_dir = args.work / "mtp"
@@ -168,15 +173,12 @@ def retrain_mtp(args, train: np.ndarray, held: np.ndarray) -> None:
 
     from ..drafters.mtp import CONFIG_FILE, MTPConfig
     from .data import held_rows
-    from .distill import DistillConfig, Progress, build_training_set, distill_mtp, held_out_scores
+    from .distill import DistillConfig, Progress, distill_mtp, held_out_scores
 
     log = lambda s: print(s, flush=True)  # noqa: E731
     target, tokenizer = demo_target_for_training(args.work)
     dc = DistillConfig(steps=args.mtp_steps, batch_size=8, seq_len=128, lr=2e-3)
-    data_path = args.work / "distill-data.npy"
-    if not data_path.exists():
-        np.save(data_path, build_training_set(target, train, dc, n_generated=512, log=log))
-    data = np.load(data_path)
+    data = distill_data(args.work, target, train, dc)
     if args.mtp_init is not None:
         raw = json.loads((args.mtp_init / CONFIG_FILE).read_text())
         cfg = MTPConfig(**{k: v for k, v in raw.items() if k in MTPConfig.__dataclass_fields__})
@@ -193,6 +195,67 @@ def retrain_mtp(args, train: np.ndarray, held: np.ndarray) -> None:
         shutil.copytree(out, args.out / name / "mtp", dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("train"))
     log(f"installed the head beside {args.out}/demo-target and demo-target-q8")
+
+
+
+def distill_data(work: Path, target, train: np.ndarray, dc) -> np.ndarray:
+    """The drafters' rows (half of them the target's own continuations), made once per run
+    directory and shared by the MTP head and the draft model."""
+    from .distill import build_training_set
+
+    path = work / "distill-data.npy"
+    if not path.exists():
+        np.save(path, build_training_set(target, train, dc, n_generated=512,
+                                         log=lambda s: print(s, flush=True)))
+    return np.load(path)
+
+
+def retrain_draft(args, tok_dir: Path, train: np.ndarray, held: np.ndarray) -> None:
+    """`--stage draft`: the draft model again, distilled from the target's distributions,
+    optionally continuing one already trained (`--draft-init`); its held-out tokens per pass
+    (k = 4 / 8, greedy) before and after; installed as the bundled demo-draft (bf16)."""
+    import json
+
+    import mlx.core as mx
+
+    from ..drafters import DraftModelDrafter
+    from ..model import TargetModel
+    from .distill import DistillConfig, distill_draft_model, held_out_scores
+    from .modeldir import save_model_dir
+
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    target, tokenizer = demo_target_for_training(args.work)
+    # a continued model re-warms to half the first run's peak rate (as the target's second run)
+    lr = 3e-3 if args.draft_init is None else 1.5e-3
+    dc = DistillConfig(steps=args.draft_steps, batch_size=8, seq_len=128, lr=lr)
+    data = distill_data(args.work, target, train, dc)
+    prompts = [held[i : i + 32].tolist() for i in range(0, 3 * 400, 400)]
+
+    def scores(model) -> dict:
+        draft = TargetModel(model, target.context_length, name="demo-draft",
+                            config=DRAFT_CONFIG, tokenizer=target.tokenizer)
+        drafter = DraftModelDrafter(draft, target)
+        return held_out_scores(target, tokenizer, drafter, prompts)
+
+    workdir = args.work / "draft-retrain"
+    before = None
+    if args.draft_init is not None and not (workdir / "checkpoint.safetensors").exists():
+        from .modeldir import build_model
+
+        start = build_model(DRAFT_CONFIG)
+        start.load_weights(str(args.draft_init / "model.safetensors"), strict=True)
+        start.set_dtype(mx.float32)
+        before = scores(start)
+        log(f"held-out before: {before}")
+    seconds = args.draft_minutes * 60 if args.draft_minutes else None
+    student = distill_draft_model(target, data, DRAFT_CONFIG, dc, workdir, seconds=seconds,
+                                  init=args.draft_init)
+    after = scores(student)
+    log(f"held-out after: {after}")
+    out = args.out / "demo-draft"
+    save_model_dir(out, student, DRAFT_CONFIG, tokenizer_dir=tok_dir, dtype=mx.bfloat16)
+    (workdir / "held_out.json").write_text(json.dumps({"before": before, "after": after}))
+    log(f"installed the draft model at {out}")
 
 
 if __name__ == "__main__":

@@ -276,18 +276,24 @@ def _previous_curve(path: Path) -> list[dict]:
 
 
 def distill_draft_model(target: TargetModel, data: np.ndarray, config: dict,
-                        dc: DistillConfig, workdir: Path, progress=_progress) -> nn.Module:
-    """A small LM of `config` trained to match the target's next-token distributions."""
+                        dc: DistillConfig, workdir: Path, progress=_progress, *,
+                        seconds: float | None = None, init: Path | None = None) -> nn.Module:
+    """A small LM of `config` trained to match the target's next-token distributions.
+    seconds: a training-time budget instead of dc.steps; init: a model directory of the same
+    config to start from (a fresh run only; a resumed one continues from its checkpoint)."""
     from .modeldir import build_model
 
     student = build_model(config, seed=dc.seed)
+    if init is not None and not (workdir / "checkpoint.safetensors").exists():
+        student.load_weights(str(Path(init) / "model.safetensors"), strict=True)
+        student.set_dtype(mx.float32)  # a bundled bf16 draft model trains in f32
     target.model.freeze()
 
     def loss_fn(x):
         p = mx.stop_gradient(mx.softmax(target.model(x).astype(mx.float32), axis=-1))
         return soft_ce(student(x), p, mx.ones(x.shape, mx.float32))
 
-    _train(student, loss_fn, data, dc, workdir, progress)
+    _train(student, loss_fn, data, dc, workdir, progress, seconds=seconds)
     return student
 
 
