@@ -124,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: eagle3 where the target's layers can be tapped (the most "
                         "tokens per pass per minute of training, docs/TRAIN.md), else shared-kv")
     t.add_argument("--depth", type=_positive_int, help="chained draft steps trained (default 8)")
+    t.add_argument("--draft-vocab", type=_positive_int, default=None, metavar="N",
+                   help="eagle3: a draft vocabulary of the N tokens most frequent in the "
+                        "training data (d2t / t2d, as speculators writes them; default: all)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch-size", type=_positive_int, default=8)
     t.add_argument("--seq-len", type=_positive_int, default=192)

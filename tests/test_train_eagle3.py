@@ -134,11 +134,25 @@ def test_config_and_weights_are_speculators_own(torch, trained):
     """speculators 0.9 validates the config with its own schema, builds its Eagle3DraftModel
     from it, finds every tensor of ours used and none missing but the embedding (shared with
     the target, as vLLM does), and its TTT forward gives our first two drafts' q."""
+    _, target, _, head, head_dir = trained
+    check_against_speculators(torch, target, eagle3_drafter(head, target), head_dir)
+
+
+@pytest.mark.reference
+def test_reduced_draft_vocabulary_is_speculators_own(torch, trained, reduced):
+    """The same with a reduced draft vocabulary: speculators takes our d2t / t2d (its own
+    checks in load_vocab_mappings) and its draft-vocabulary q is ours on those ids."""
+    _, target, _, _, _ = trained
+    head_dir, ids = reduced
+    check_against_speculators(torch, target, make_drafter("draft", target,
+                                                          draft_model=head_dir), head_dir, ids)
+
+
+def check_against_speculators(torch, target, drafter, head_dir, ids=None):
     pytest.importorskip("speculators")
     from speculators import SpeculatorModelConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
-    _, target, _, head, head_dir = trained
     raw = json.loads((head_dir / "config.json").read_text())
     config = SpeculatorModelConfig.from_dict(raw)
     assert isinstance(config, Eagle3SpeculatorConfig)
@@ -154,8 +168,11 @@ def test_config_and_weights_are_speculators_own(torch, trained):
     missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not unexpected and set(missing) <= {"verifier_norm.weight",
                                                "verifier_lm_head.weight"}, (missing, unexpected)
+    if ids is not None:  # its own checks of the maps' shapes and counts
+        model.load_vocab_mappings(weights["t2d"], weights["d2t"])
+        assert model.use_draft_vocab
+        np.testing.assert_array_equal(model.d2t.numpy() + np.arange(len(ids)), ids)
     model.eval()
-    drafter = eagle3_drafter(head, target)
     prefix = HELD_OUT[1] + [5, 9, 13]
     cache = kv.make_cache(target.model)
     _, taps = target.forward(prefix[:-1], cache, hidden=drafter.needs_hidden)
@@ -178,7 +195,8 @@ def test_config_and_weights_are_speculators_own(torch, trained):
     row = len(prefix) - 2  # the last committed entry
     for j in range(2):
         q = torch.softmax(logits[j][row].double(), -1).numpy()
-        np.testing.assert_allclose(np.array(draft.probs[j], np.float64), q, atol=1e-5)
+        ours = np.array(draft.probs[j], np.float64)
+        np.testing.assert_allclose(ours if ids is None else ours[ids], q, atol=1e-5)
 
 
 def test_default_kind_is_eagle3_where_it_fits_and_is_found_beside_the_model(trained, tmp_path,
@@ -213,3 +231,78 @@ def test_default_kind_is_eagle3_where_it_fits_and_is_found_beside_the_model(trai
     said = []
     assert default_kind(Untappable(trained[1]), said.append) == "shared-kv"
     assert "not reachable" in said[0]
+
+
+@pytest.fixture(scope="module")
+def reduced(tmp_path_factory, trained):
+    """A head trained with a reduced draft vocabulary (the 320 tokens most frequent in its
+    training rows) on the same known-answer target: (its directory, the rows' vocabulary)."""
+    from mlx_spec.train.eagle3 import draft_vocabulary
+
+    _, target, _, _, _ = trained
+    root = tmp_path_factory.mktemp("train-eagle3-vocab")
+    data = build_training_set(target, None, DC, n_generated=64, log=lambda s: None,
+                              prompts=TRAIN_PROMPTS)
+    held = held_rows(target, HELD_OUT, DC.seq_len)
+    distill_eagle3(target, data, DC, root / "head", progress=lambda *a: None, held=held,
+                   draft_vocab=320)
+    return root / "head", draft_vocabulary(data, target.vocab_size, 320)
+
+
+def test_reduced_draft_vocabulary_is_written_as_speculators_does_and_drafts_only_from_it(
+        trained, reduced):
+    """--draft-vocab: d2t (int64) and t2d (bool) beside a 320-row lm_head; loaded through
+    `--draft-model DIR` it drafts about as well as the full-vocabulary head trained alike
+    (known answer: the bigram walk stays in the draft vocabulary), q is zero off the
+    vocabulary, and greedy output is the target's."""
+    _, target, tok, _, full_dir = trained
+    head_dir, ids = reduced
+    config = json.loads((head_dir / "config.json").read_text())
+    assert config["draft_vocab_size"] == 320
+    w = mx.load(str(head_dir / "model.safetensors"))
+    assert w["lm_head.weight"].shape == (320, 64) and w["d2t"].dtype == mx.int64
+    assert w["t2d"].dtype == mx.bool_ and int(w["t2d"].sum()) == 320
+    np.testing.assert_array_equal(np.arange(320) + np.array(w["d2t"]), ids)
+    np.testing.assert_array_equal(np.flatnonzero(np.array(w["t2d"])), ids)
+    drafter = make_drafter("draft", target, draft_model=head_dir)
+    scores = held_out_scores(target, tok, drafter, HELD_OUT, max_tokens=32)
+    full = held_out_scores(target, tok, make_drafter("draft", target, draft_model=full_dir),
+                           HELD_OUT, max_tokens=32)
+    assert scores["acceptance_k8"][0] >= 0.3, scores  # a wrong d2t would draft ~nothing right
+    assert scores["tokens_per_pass"] >= full["tokens_per_pass"] - 0.15, (scores, full)
+    prefix = HELD_OUT[2] + [5, 9]
+    cache = kv.make_cache(target.model)
+    _, taps = target.forward(prefix[:-1], cache, hidden=drafter.needs_hidden)
+    state = drafter.new_state()
+    drafter.commit(state, DraftContext(target, prefix, cache, taps, 0), 0)
+    draft = drafter.draft(state, DraftContext(target, prefix, cache), 3,
+                          Sampler(SamplingConfig(temperature=1.0, seed=2)))
+    off = np.setdiff1d(np.arange(target.vocab_size), ids)
+    assert float(np.abs(np.array(draft.probs)[:, off]).max()) == 0.0
+    np.testing.assert_allclose(np.array(draft.probs).sum(-1), 1.0, atol=1e-5)
+    want, _ = run(conversation(target, tok, None), prompt=prefix, max_tokens=30)
+    engine = conversation(target, tok, drafter, draft_length=4)
+    checked(engine)
+    got, _ = run(engine, prompt=prefix, max_tokens=30)
+    assert got.stats.accepted > 0
+    assert_same_or_near_tie(target, prefix, list(got.tokens), list(want.tokens))
+
+
+def test_draft_vocabulary_is_the_most_frequent_tokens_and_refuses_bad_sizes():
+    from mlx_spec.errors import MlxSpecError
+    from mlx_spec.train.eagle3 import draft_vocabulary
+
+    rows = np.array([[5, 5, 5, 2, 2, 9], [9, 9, 7, 7, 1, 0]])
+    # counts: 5 ×3, 9 ×3, 2 ×2, 7 ×2, then 0 and 1 once: ties go to the lower id, sorted
+    np.testing.assert_array_equal(draft_vocabulary(rows, 12, 3), [2, 5, 9])
+    np.testing.assert_array_equal(draft_vocabulary(rows, 12, 5), [0, 2, 5, 7, 9])
+    for bad in (0, 13):
+        with pytest.raises(MlxSpecError, match="--draft-vocab"):
+            draft_vocabulary(rows, 12, bad)
+
+
+def test_train_drafter_draft_vocab_is_for_eagle3_only(trained, tmp_path, capsys):
+    args = ["train-drafter", "--target", str(trained[0]), "--kind", "shared-kv", "--steps",
+            "2", "--draft-vocab", "100", "--out", str(tmp_path / "x")]
+    assert main(args) == 2
+    assert "--draft-vocab is for --kind eagle3" in capsys.readouterr().err

@@ -317,12 +317,17 @@ class Eagle3Head(nn.Module):
             visible = visible & (k > anchor - window)
         return visible
 
-    def logits(self, s: mx.array, width: int) -> mx.array:
-        """Draft-vocabulary logits at the target's width: -inf off the draft vocabulary."""
+    def logits(self, s: mx.array, width: int, fill: float = -mx.inf) -> mx.array:
+        """Draft-vocabulary logits at the target's width: `fill` off the draft vocabulary
+        (-inf: q is zero there; training passes a finite one, so that 0 · log q stays 0)."""
         small = self.lm_head(s if self.cfg.norm_output else self.norm(s))
-        ids = mx.arange(small.shape[-1]) + self.d2t
-        out = mx.full((*small.shape[:-1], width), -mx.inf, small.dtype)
+        ids = self.target_ids()
+        out = mx.full((*small.shape[:-1], width), fill, small.dtype)
         return mx.put_along_axis(out, mx.broadcast_to(ids, small.shape), small, axis=-1)
+
+    def target_ids(self) -> mx.array:
+        """The target id of each draft id (draft id i is target id i + d2t[i])."""
+        return mx.arange(self.d2t.shape[0]) + self.d2t
 def load_eagle3(path: str | Path, target: TargetModel):
     """An MTP-style drafter around an EAGLE-3 head directory, fitted to `target`."""
     from .mtp import eagle3_drafter

@@ -155,6 +155,7 @@ class Trainee:
     drafter: Callable[[], Any]
     save: Callable[[Path, dict], None]  # (out, training metadata)
     info_file: str  # where a finished run's metadata is (resumed curves carry on from it)
+    loss: Callable[[mx.array, mx.array, mx.array], mx.array] = soft_ce  # (logits, p, valid)
 
 
 def mtp_trainee(target: TargetModel, cfg: MTPConfig, seed: int = 0) -> Trainee:
@@ -179,12 +180,15 @@ def mtp_trainee(target: TargetModel, cfg: MTPConfig, seed: int = 0) -> Trainee:
     return Trainee(head, steps, lambda: MTPDrafter(head, cfg, target), save, CONFIG_FILE)
 
 
-def eagle3_trainee(target: TargetModel, depth: int, seed: int = 0) -> tuple[Trainee, dict]:
+def eagle3_trainee(target: TargetModel, depth: int, seed: int = 0,
+                   vocab: np.ndarray | None = None) -> tuple[Trainee, dict]:
+    """vocab: a reduced draft vocabulary's target ids (eagle3.draft_vocabulary), or None."""
     from ..drafters.mtp import eagle3_drafter
     from . import eagle3
 
-    config = eagle3.speculators_config(target, depth)
-    head = eagle3.make_head(target, config, seed)
+    config = eagle3.speculators_config(target, depth,
+                                       draft_vocab=None if vocab is None else len(vocab))
+    head = eagle3.make_head(target, config, seed, ids=vocab)
 
     def steps(x: mx.array, depth: int, thin=None) -> Iterator[Step]:
         return eagle3.chained_steps(head, target, x, depth, thin)
@@ -192,8 +196,9 @@ def eagle3_trainee(target: TargetModel, depth: int, seed: int = 0) -> tuple[Trai
     def save(out: Path, info: dict) -> None:
         eagle3.save_speculators(out, head, config, info)
 
+    loss = soft_ce if vocab is None else eagle3.restricted_ce(head)
     return Trainee(head, steps, lambda: eagle3_drafter(head, target), save,
-                   eagle3.TRAIN_FILE), config
+                   eagle3.TRAIN_FILE, loss), config
 
 
 def distill_head(target: TargetModel, data: np.ndarray, t: Trainee, dc: DistillConfig,
@@ -211,7 +216,7 @@ def distill_head(target: TargetModel, data: np.ndarray, t: Trainee, dc: DistillC
                               dc.reweigh_every, dc.weight_floor)
 
     def loss_fn(x, w):  # len(w) steps; deeper ones scored on a subset of rows (thinning)
-        return weighted_loss(t.steps(x, w.shape[0], thinning), w, soft_ce)
+        return weighted_loss(t.steps(x, w.shape[0], thinning), w, t.loss)
 
     resumed = (out / "train" / "checkpoint.safetensors").exists()
     curve: list[dict] = _previous_curve(out / t.info_file) if resumed else []
@@ -257,10 +262,16 @@ def distill_mtp(target: TargetModel, data: np.ndarray, cfg: MTPConfig, dc: Disti
 
 def distill_eagle3(target: TargetModel, data: np.ndarray, dc: DistillConfig, out: Path,
                    progress=_progress, *, seconds: float | None = None, evaluate=None,
-                   held: np.ndarray | None = None, eval_every: float | None = None) -> nn.Module:
-    """An EAGLE-3 head for `target` (distill_head); writes `out/` in the speculators format."""
-    _check_resume(out, *_resume_keys(target, None, dc.depth))
-    t, _ = eagle3_trainee(target, dc.depth, dc.seed)
+                   held: np.ndarray | None = None, eval_every: float | None = None,
+                   draft_vocab: int | None = None) -> nn.Module:
+    """An EAGLE-3 head for `target` (distill_head); writes `out/` in the speculators format.
+    draft_vocab: a reduced draft vocabulary of the tokens most frequent in `data`."""
+    from .eagle3 import draft_vocabulary
+
+    _check_resume(out, *_resume_keys(target, None, dc.depth, draft_vocab))
+    vocab = None if draft_vocab is None else draft_vocabulary(data, target.vocab_size,
+                                                              draft_vocab)
+    t, _ = eagle3_trainee(target, dc.depth, dc.seed, vocab)
     distill_head(target, data, t, dc, out, progress, seconds=seconds, evaluate=evaluate,
                  held=held, eval_every=eval_every)
     return t.head
@@ -297,7 +308,8 @@ def distill_draft_model(target: TargetModel, data: np.ndarray, config: dict,
     return student
 
 
-def _resume_keys(target: TargetModel, cfg: MTPConfig | None, depth: int) -> tuple[dict, str]:
+def _resume_keys(target: TargetModel, cfg: MTPConfig | None, depth: int,
+                 draft_vocab: int | None = None) -> tuple[dict, str]:
     """What a head directory must already say to be resumed into: an MTP head's shape (cfg),
     or (None) an EAGLE-3 head's."""
     if cfg is not None:
@@ -305,7 +317,7 @@ def _resume_keys(target: TargetModel, cfg: MTPConfig | None, depth: int) -> tupl
         return {k: getattr(cfg, k) for k in keys}, CONFIG_FILE
     from .eagle3 import speculators_config
 
-    config = speculators_config(target, depth)
+    config = speculators_config(target, depth, draft_vocab=draft_vocab)
     keys = ("target_hidden_size", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids")
     return {k: config[k] for k in keys}, "config.json"
 
@@ -388,7 +400,10 @@ def cmd_train_drafter(args) -> int:
     eagle = kind == "eagle3"
     out = Path(args.out) if args.out else Path(args.target) / ("eagle3" if eagle else "mtp")
     cfg = None if eagle else default_mtp_config(target, kind)
-    _check_resume(out, *_resume_keys(target, cfg, dc.depth))  # before any data is made
+    draft_vocab = getattr(args, "draft_vocab", None)
+    if draft_vocab is not None and not eagle:
+        raise MlxSpecError("--draft-vocab is for --kind eagle3 (a head with its own lm_head)")
+    _check_resume(out, *_resume_keys(target, cfg, dc.depth, draft_vocab))  # before any data
     n_gen = 256 if budget else min(256, max(32, dc.steps // 4))
     data = build_training_set(target, tokens, dc, n_gen, log, prompts=prompts,
                               seconds=budget * 0.25 if budget else None)
@@ -400,7 +415,7 @@ def cmd_train_drafter(args) -> int:
 
     run = dict(progress=Progress(), seconds=seconds, evaluate=evaluate, held=held)
     if eagle:
-        distill_eagle3(target, data, dc, out, **run)
+        distill_eagle3(target, data, dc, out, draft_vocab=draft_vocab, **run)
     else:
         distill_mtp(target, data, cfg, dc, out, **run)
     curve = _previous_curve(out / ("training.json" if eagle else CONFIG_FILE))

@@ -8,8 +8,13 @@ layer over concat(norm(Emb(x_{t+1})), norm(fc(taps_t))), speculators' training f
 (norm_before_fc, norm_before_residual, norm_output: the normed state is fed back across steps).
 Its lm_head and final norm start as the target's own, its embedding is the target's (not saved:
 vLLM shares the target's when the checkpoint has none). The draft vocabulary is the target's
-whole vocabulary, so no d2t / t2d maps are written (as speculators writes such a head); a
-reduced draft vocabulary is not built here.
+whole vocabulary (no d2t / t2d maps are written, as speculators writes such a head), or the N
+tokens most frequent in the training rows (`draft_vocabulary`): lm_head is then N rows of the
+target's, `d2t` maps draft id i to target id i + d2t[i] and `t2d` marks the target ids kept, as
+speculators writes them; the loss is the soft cross-entropy against the target's distribution
+renormalised over the draft vocabulary (`restricted_ce`), and q is zero off it, so rejection
+sampling stays exact (a token q cannot propose is never accepted as a draft; the target still
+emits it as a correction).
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 
 from ..drafters.eagle3 import Eagle3Config, Eagle3Head, check_fits
+from ..errors import MlxSpecError
 from ..model import TargetModel
 from .chain import ChainCache, Step, own_cache_steps
 
@@ -40,10 +47,23 @@ def default_taps(layers: int) -> tuple[int, ...]:
     return (max(0, mid - 1), mid, mid + 1)
 
 
+def draft_vocabulary(rows: np.ndarray, vocab_size: int, size: int) -> np.ndarray:
+    """The `size` target ids most frequent in the training rows (ties: the lower id), in
+    increasing order — as speculators builds its draft vocabulary from token counts."""
+    if not 0 < size <= vocab_size:
+        raise MlxSpecError(f"--draft-vocab {size}: between 1 and the target's vocabulary "
+                           f"({vocab_size})")
+    counts = np.bincount(np.asarray(rows, np.int64).ravel(), minlength=vocab_size)[:vocab_size]
+    order = np.lexsort((np.arange(vocab_size), -counts))  # most frequent first, then by id
+    return np.sort(order[:size]).astype(np.int32)
+
+
 def speculators_config(target: TargetModel, depth: int, *,
-                       taps: tuple[int, ...] | None = None) -> dict:
+                       taps: tuple[int, ...] | None = None,
+                       draft_vocab: int | None = None) -> dict:
     """The config.json of a head for `target`, with speculators' keys: a one-layer llama
-    decoder of the target's width and attention geometry, `depth` speculative tokens."""
+    decoder of the target's width and attention geometry, `depth` speculative tokens, a draft
+    vocabulary of `draft_vocab` tokens (default: the target's whole one)."""
     args = target.args
     layers = len(target.backbone.layers)
     attn = target.backbone.layers[-1].self_attn
@@ -68,7 +88,7 @@ def speculators_config(target: TargetModel, depth: int, *,
                     architectures=list(target.config.get("architectures") or []))
     return dict(
         speculators_model_type="eagle3", architectures=["Eagle3Speculator"],
-        transformer_layer_config=layer, draft_vocab_size=target.vocab_size,
+        transformer_layer_config=layer, draft_vocab_size=draft_vocab or target.vocab_size,
         norm_before_residual=True, norm_before_fc=True, fc_norm=False, norm_output=True,
         embed_requires_grad=False, target_hidden_size=args.hidden_size,
         eagle_aux_hidden_state_layer_ids=list(taps or default_taps(layers)),
@@ -89,16 +109,22 @@ def head_weight(target: TargetModel) -> mx.array:
     return m.weight
 
 
-def make_head(target: TargetModel, config: dict, seed: int = 0) -> Eagle3Head:
+def make_head(target: TargetModel, config: dict, seed: int = 0,
+              ids: np.ndarray | None = None) -> Eagle3Head:
     """A fresh head read from `config` exactly as the loader reads it (so what trains is what
-    loads); lm_head and the final norm start as the target's."""
+    loads); lm_head and the final norm start as the target's (ids: the draft vocabulary's
+    target ids, its rows of the target's head)."""
     cfg = Eagle3Config.from_dict(config)
     cfg = Eagle3Config(**{**cfg.__dict__, "layer_ids": cfg.taps(len(target.backbone.layers))})
     check_fits(cfg, target)  # its taps reachable (a llama-style trunk), as the loader checks
     mx.random.seed(seed)
     head = Eagle3Head(cfg)
     # copies (+ 0): an f32 target's own arrays would otherwise be the head's parameters too
-    head.lm_head.weight = head_weight(target).astype(mx.float32) + 0
+    weight = head_weight(target).astype(mx.float32)
+    if ids is not None:
+        weight = weight[mx.array(ids)]
+        head.d2t = mx.array(ids) - mx.arange(len(ids), dtype=mx.int32)
+    head.lm_head.weight = weight + 0
     norm = target.backbone.norm
     if isinstance(norm, nn.RMSNorm) and norm.weight.shape == head.norm.weight.shape:
         head.norm.weight = norm.weight.astype(mx.float32) + 0
@@ -127,18 +153,40 @@ def chained_steps(head: Eagle3Head, target: TargetModel, x: mx.array, depth: int
     def call(e, g, cs, mask):
         return head(e, g, cs, mask=mask)
 
-    def logits(s):  # = head.logits when the draft vocabulary is the target's (d2t = 0)
+    def logits(s):  # head.logits at the target's width (finite off a reduced vocabulary)
+        if cfg.draft_vocab_size < cfg.vocab_size:
+            return head.logits(s, cfg.vocab_size, fill=OFF_VOCAB)
         return head.lm_head(s if cfg.norm_output else head.norm(s))
 
     return own_cache_steps(call, logits, emb, taps, p, x, depth, 1, caches, thin)
 
 
+OFF_VOCAB = -1e9  # a training logit off the draft vocabulary: q ≈ 0 there, 0 · log q = 0
+
+
+def restricted_ce(head: Eagle3Head):
+    """The soft cross-entropy against the target's p renormalised over the head's draft
+    vocabulary (read from its d2t at each call: a resumed run restores it)."""
+    from .distill import soft_ce
+
+    def loss(logits: mx.array, p: mx.array, valid: mx.array) -> mx.array:
+        kept = mx.zeros((p.shape[-1],), p.dtype).at[head.target_ids()].add(1.0)
+        p = p * kept
+        return soft_ce(logits, p / mx.maximum(p.sum(-1, keepdims=True), 1e-9), valid)
+
+    return loss
+
+
 def save_speculators(out: Path, head: Eagle3Head, config: dict, train: dict) -> None:
     """config.json, model.safetensors (speculators' tensor names: fc, input_norm, layers.0.*,
-    norm, lm_head; no d2t / t2d, as speculators writes a head whose draft vocabulary is the
-    target's) and our training metadata beside them."""
+    norm, lm_head; d2t and t2d only for a reduced draft vocabulary, as speculators writes
+    them: d2t int64 [draft], t2d bool [target]) and our training metadata beside them."""
     out.mkdir(parents=True, exist_ok=True)
     weights = {k: v for k, v in tree_flatten(head.parameters()) if k != "d2t"}
+    if head.cfg.draft_vocab_size < head.cfg.vocab_size:
+        weights["d2t"] = head.d2t.astype(mx.int64)
+        weights["t2d"] = mx.zeros((head.cfg.vocab_size,), mx.int32).at[
+            head.target_ids()].add(1) > 0
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / TRAIN_FILE).write_text(json.dumps(train, indent=2))
