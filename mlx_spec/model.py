@@ -34,6 +34,11 @@ class TargetModel:
         return ""
 
     @property
+    def split_hosts(self) -> tuple[str, ...]:
+        """The machines a split target runs on, in rank order (none for one machine)."""
+        return ()
+
+    @property
     def text(self) -> nn.Module:
         """The language model: the model itself, or its `language_model` (Qwen3.5, Gemma 3/4
         checkpoints carry a text model inside a multimodal wrapper)."""

@@ -100,6 +100,37 @@ def test_a_changed_model_file_or_kv_bits_invalidate_the_saved_costs(home, model_
     assert not auto_engine(model_copy).calibrated
 
 
+def test_a_split_target_has_costs_of_its_own_per_cluster(model_copy):
+    """A split's passes include its links: the same model split alike over other machines (or
+    not split) is calibrated apart."""
+    import dataclasses
+
+    from mlx_spec.model import TargetModel
+
+    target, _ = load_target(model_copy)
+
+    @dataclasses.dataclass
+    class Split(TargetModel):
+        hosts: tuple[str, ...] = ()
+
+        @property
+        def ranks(self) -> int:
+            return 2
+
+        @property
+        def split_label(self) -> str:
+            return "pipeline over 2 ranks (ring)"
+
+        @property
+        def split_hosts(self) -> tuple[str, ...]:
+            return self.hosts
+
+    fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(target)}
+    keys = {key_of(target, None), key_of(Split(**fields, hosts=("a", "b")), None),
+            key_of(Split(**fields, hosts=("a", "c")), None)}
+    assert len(keys) == 3 and key_of(Split(**fields, hosts=("a", "b")), None) in keys
+
+
 def test_a_corrupt_calibration_is_ignored_in_one_line_and_rewritten(home, model_copy, capsys):
     engine = auto_engine(model_copy)
     key = key_of(engine.target, None)

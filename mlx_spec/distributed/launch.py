@@ -213,7 +213,8 @@ def load_split(whole: TargetModel, *, hostfile: str | Path, mode: str | None = N
         raise
     watch.disarm()
     link = Link(group, watch, bell)
-    target = ShardedTarget.over(part, link, Split(group.size(), mode, hf.backend))
+    target = ShardedTarget.over(part, link, Split(group.size(), mode, hf.backend,
+                                                     tuple(hosts)))
     atexit.register(_quit, link, watch)  # runs before stop(): registered later
     return target
 

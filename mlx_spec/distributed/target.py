@@ -27,11 +27,14 @@ MODES = ("pipeline", "tensor")
 
 @dataclass(frozen=True)
 class Split:
-    """How the target is split: over `ranks` ranks, by `mode`; `backend` the transport."""
+    """How the target is split: over `ranks` ranks, by `mode`; `backend` the transport;
+    `hosts` the machines (the hostfile's, in rank order: two clusters of the same shape have
+    other links, so other measured costs)."""
 
     ranks: int
     mode: str
     backend: str = "ring"
+    hosts: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -117,6 +120,10 @@ class ShardedTarget(TargetModel):
     @property
     def split_label(self) -> str:
         return self.split.label
+
+    @property
+    def split_hosts(self) -> tuple[str, ...]:
+        return self.split.hosts
 
     def make_cache(self, *, slack: int = 16, kv_bits: int | None = None) -> list[Any]:
         cache = SplitCache(super().make_cache(slack=slack, kv_bits=kv_bits))

@@ -91,6 +91,7 @@ def key_of(target: TargetModel, kv_bits: int | None) -> str | None:
         what["cast"] = target.cast
     if target.ranks > 1:  # a split target's costs include the links between its machines
         what["split"] = target.split_label
+        what["hosts"] = list(target.split_hosts)
     digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
     return f"{path.name}-{digest}"
 
