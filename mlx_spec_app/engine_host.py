@@ -219,6 +219,11 @@ class EngineHost:
             return False  # an engine closed since
         self.calibrated = self.calibrated or done.calibrated
         self._idle_failed = bool(done.error)
+        if done.baseline is None and done.error and self.baseline is None:
+            # not tried again on this engine: speedups say "not measured", never estimating
+            # forever (a baseline of 0 tok/s whose method is the reason)
+            self.baseline = Baseline(0.0, 0, done.error)
+            return True
         if done.baseline is None:
             return False
         self.baseline = done.baseline

@@ -45,6 +45,7 @@ INTERRUPTED = "[interrupted]"  # the app ended (killed, crashed) while the answe
 
 
 ESTIMATING = "speedup: estimating…"  # the baseline is not measured yet: no number shown
+NOT_MEASURED = "speedup: not measured"  # measuring it failed (EngineHost.unmeasured says why)
 
 
 def stats_line(s: TurnStats, baseline: Baseline | None, *, speedup: bool = True) -> str:
@@ -71,9 +72,12 @@ def stats_line(s: TurnStats, baseline: Baseline | None, *, speedup: bool = True)
 
 
 def speedup_text(tok_s: float, baseline: Baseline | None) -> str:
-    """`speedup ×1.23`, or "estimating…" while no baseline is measured."""
-    if baseline is None or baseline.tok_s <= 0:
+    """`speedup ×1.23`; "estimating…" while no baseline is measured; "not measured" when
+    measuring it failed (a baseline of 0 tok/s: its method says why)."""
+    if baseline is None:
         return ESTIMATING
+    if baseline.tok_s <= 0:
+        return NOT_MEASURED
     return f"speedup ×{baseline.speedup(tok_s):.2f}"
 
 
@@ -330,16 +334,20 @@ class StatsPanel(VerticalScroll):
         """The engine's line, and the baseline speedups are quoted on (or that it is being
         estimated: measured while the engine is idle)."""
         self.query_one("#engine", Static).update(Content(text))
-        if baseline is None or baseline.tok_s <= 0:
+        if baseline is None:
             method = f"{ESTIMATING} (the target alone is timed while the engine is idle)"
+        elif baseline.tok_s <= 0:
+            method = f"{NOT_MEASURED}: {baseline.method}"
         else:
             method = f"speedup = tok/s ÷ baseline {baseline.tok_s:.1f} tok/s: {baseline.method}"
         self.query_one("#method", Static).update(Content(method))
 
     def show_totals(self, t: Totals, baseline: Baseline | None) -> None:
-        lines = [f"{t.turns} turns · {t.tokens} tokens", f"{t.tok_s:.1f} tok/s average"]
+        lines = [f"{t.turns} turn{'s' * (t.turns != 1)} · {t.tokens} tokens",
+                 f"{t.tok_s:.1f} tok/s average"]
         speedup = speedup_text(t.tok_s, baseline)
-        lines.append(speedup if speedup == ESTIMATING else f"{speedup} vs baseline")
+        lines.append(speedup if speedup in (ESTIMATING, NOT_MEASURED)
+                     else f"{speedup} vs baseline")
         lines.append(f"{t.tokens_per_pass:.2f} tokens / target pass")
         lines.append(f"acceptance {t.acceptance_rate:.0%} of {t.drafted} drafted"
                      if t.drafted else "nothing drafted yet")

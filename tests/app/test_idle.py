@@ -13,7 +13,7 @@ from mlx_spec_app import engine_host
 from mlx_spec_app.app import SpecChatApp
 from mlx_spec_app.history import History
 from mlx_spec_app.settings import EngineChoice, Settings
-from mlx_spec_app.widgets import ESTIMATING, Answer, PromptInput, StatsPanel
+from mlx_spec_app.widgets import ESTIMATING, NOT_MEASURED, Answer, PromptInput, StatsPanel
 
 from .fakes import ANSWER, MEASURED, FakeEngine
 
@@ -86,6 +86,35 @@ async def test_estimating_until_the_baseline_arrives_then_the_speedup(home):
         assert "speedup ×" in stats(second)
     assert fake.calls == ["measure_baseline", "chat", "measure_baseline", "chat"]
     assert fake.overlaps == 0
+
+
+async def test_a_failed_measurement_says_not_measured_instead_of_estimating_forever(home):
+    """Idle work that fails is not tried again on that engine: the answers that waited for
+    its speedup, the totals and the ones after say "not measured" and the panel says why."""
+    fake = FakeEngine(calibrated=True)
+    fake.release.clear()
+    failing = fake.measure_baseline
+
+    def measure_baseline(**kw):
+        if failing(**kw) is not None:  # the run after the turn: released, then it fails
+            raise RuntimeError("the target ran out of memory")
+        return None
+
+    fake.measure_baseline = measure_baseline
+    app = SpecChatApp(engine=fake, history=History())
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: fake.calls == ["measure_baseline"])
+        first = await send(pilot, "def add(a, b):")
+        assert ESTIMATING in stats(first) and "1 turn ·" in panel(app, "#totals")
+        fake.release.set()
+        await until(pilot, lambda: NOT_MEASURED in panel(app, "#method"))
+        assert "ran out of memory" in panel(app, "#method")
+        assert NOT_MEASURED in stats(first) and ESTIMATING not in stats(first)  # re-quoted
+        assert NOT_MEASURED in panel(app, "#totals") and "×" not in panel(app, "#totals")
+        second = await send(pilot, "def sub(a, b):")
+        assert NOT_MEASURED in stats(second) and "×" not in stats(second)
+        assert "2 turns ·" in panel(app, "#totals")
+    assert fake.calls == ["measure_baseline", "chat", "measure_baseline", "chat"]
 
 
 async def test_a_turn_and_a_drafter_switch_stop_idle_work_and_proceed(home):

@@ -69,7 +69,7 @@ async def test_answer_streams_coloured_tokens_and_stats(engine, baseline, home):
         for part in ("tokens", "tok/s", "TTFT", "tok/pass", "speedup", "draft", "verify"):
             assert part in line
         panel = app.query_one(StatsPanel)
-        assert "1 turns" in str(panel.query_one("#totals").render())
+        assert "1 turn ·" in str(panel.query_one("#totals").render())
         assert "%" in str(panel.query_one("#positions").render())
         assert "MB" in str(panel.query_one("#memory").render())
         assert baseline.method in str(panel.query_one("#method").render())
