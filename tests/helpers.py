@@ -204,3 +204,17 @@ def open_chat(**spec):
 def conversation(target, tokenizer, drafter=None, **engine_options):
     """A new conversation on an Engine over these weights (draft_length=, kv_bits=)."""
     return Engine(target, tokenizer, drafter, **engine_options).conversation()
+
+
+def sampled_draft(target, drafter, tokens, k, seed):
+    """The drafter's k drafts at T = 1 after `tokens` (the target's pass over all but the
+    pending last one, its hidden states or taps committed to a fresh drafter state)."""
+    from mlx_spec import cache as kv
+    from mlx_spec.drafters import DraftContext
+    from mlx_spec.sampling import Sampler, SamplingConfig
+
+    cache, state = kv.make_cache(target.model), drafter.new_state()
+    _, taps = target.forward(tokens[:-1], cache, hidden=drafter.needs_hidden)
+    drafter.commit(state, DraftContext(target, tokens, cache, taps, 0), 0)
+    return drafter.draft(state, DraftContext(target, tokens, cache), k,
+                         Sampler(SamplingConfig(temperature=1.0, seed=seed)))

@@ -17,11 +17,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from eagle3 import VOCAB, build_target, write_target
+from helpers import sampled_draft
 from test_eagle3_reference import hf_taps, randomize
-
-from mlx_spec import cache as kv
-from mlx_spec.drafters import DraftContext
-from mlx_spec.sampling import Sampler, SamplingConfig
 
 pytestmark = pytest.mark.reference
 
@@ -99,12 +96,7 @@ def reference_q(torch, model, hf_target, tokens, *, taps=TAPS, window=True):
 
 
 def our_q(target, drafter, tokens):
-    cache, state = kv.make_cache(target.model), drafter.new_state()
-    _, taps = target.forward(tokens[:-1], cache, hidden=drafter.needs_hidden)
-    drafter.commit(state, DraftContext(target, tokens, cache, taps, 0), 0)
-    draft = drafter.draft(state, DraftContext(target, tokens, cache), BLOCK - 1,
-                          Sampler(SamplingConfig(temperature=1.0, seed=1)))
-    return np.array(draft.probs, np.float64)
+    return np.array(sampled_draft(target, drafter, tokens, BLOCK - 1, 1).probs, np.float64)
 
 
 def loaded(target_dir, head_dir):

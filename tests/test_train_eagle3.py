@@ -15,14 +15,12 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from eagle3 import build_target, write_target
-from helpers import assert_same_or_near_tie, checked, conversation, open_chat, run
+from helpers import assert_same_or_near_tie, checked, conversation, open_chat, run, sampled_draft
 
 from mlx_spec import cache as kv
 from mlx_spec.cli import main
-from mlx_spec.drafters import DraftContext
 from mlx_spec.drafters.mtp import eagle3_drafter
 from mlx_spec.loading import load_target, make_drafter
-from mlx_spec.sampling import Sampler, SamplingConfig
 from mlx_spec.train.data import build_training_set, held_rows
 from mlx_spec.train.distill import (
     DistillConfig,
@@ -91,12 +89,7 @@ def test_chained_training_steps_are_the_drafting_steps(trained):
     drafter = eagle3_drafter(head, target)
     for n, k in ((5, 8), (12, 4)):
         prefix = [int(v) for v in np.random.default_rng(n).integers(3, 300, n)]
-        cache = kv.make_cache(target.model)
-        _, taps = target.forward(prefix[:-1], cache, hidden=drafter.needs_hidden)
-        state = drafter.new_state()
-        drafter.commit(state, DraftContext(target, prefix, cache, taps, 0), 0)
-        draft = drafter.draft(state, DraftContext(target, prefix, cache), k,
-                              Sampler(SamplingConfig(temperature=1.0, seed=n)))
+        draft = sampled_draft(target, drafter, prefix, k, n)
         x = mx.array([prefix + [int(t) for t in np.array(draft.tokens)]])
         # entry t pairs x_{t+1} with the taps at t: drafting from n tokens is anchor row n - 2
         for j, step in enumerate(chained_steps(head, target, x, k)):
@@ -174,12 +167,7 @@ def check_against_speculators(torch, target, drafter, head_dir, ids=None):
         np.testing.assert_array_equal(model.d2t.numpy() + np.arange(len(ids)), ids)
     model.eval()
     prefix = HELD_OUT[1] + [5, 9, 13]
-    cache = kv.make_cache(target.model)
-    _, taps = target.forward(prefix[:-1], cache, hidden=drafter.needs_hidden)
-    state = drafter.new_state()
-    drafter.commit(state, DraftContext(target, prefix, cache, taps, 0), 0)
-    draft = drafter.draft(state, DraftContext(target, prefix, cache), 2,
-                          Sampler(SamplingConfig(temperature=1.0, seed=3)))
+    draft = sampled_draft(target, drafter, prefix, 2, 3)
     seq = prefix + [int(draft.tokens[0])]
     _, all_taps = target.forward(seq[:-1], kv.make_cache(target.model),
                                  hidden=drafter.needs_hidden)
@@ -271,12 +259,7 @@ def test_reduced_draft_vocabulary_is_written_as_speculators_does_and_drafts_only
     assert scores["acceptance_k8"][0] >= 0.3, scores  # a wrong d2t would draft ~nothing right
     assert scores["tokens_per_pass"] >= full["tokens_per_pass"] - 0.15, (scores, full)
     prefix = HELD_OUT[2] + [5, 9]
-    cache = kv.make_cache(target.model)
-    _, taps = target.forward(prefix[:-1], cache, hidden=drafter.needs_hidden)
-    state = drafter.new_state()
-    drafter.commit(state, DraftContext(target, prefix, cache, taps, 0), 0)
-    draft = drafter.draft(state, DraftContext(target, prefix, cache), 3,
-                          Sampler(SamplingConfig(temperature=1.0, seed=2)))
+    draft = sampled_draft(target, drafter, prefix, 3, 2)
     off = np.setdiff1d(np.arange(target.vocab_size), ids)
     assert float(np.abs(np.array(draft.probs)[:, off]).max()) == 0.0
     np.testing.assert_allclose(np.array(draft.probs).sum(-1), 1.0, atol=1e-5)
