@@ -276,6 +276,24 @@ def test_split_rounds_leave_the_fixed_cost_and_measured_round_times_alone():
     assert policy.overhead != 0.0 and policy.fit[0] > 0.0
 
 
+def test_the_loops_verify_level_is_set_by_its_first_timed_pass():
+    """The loop's verify costs 1.4x the calibrated pass (its own work around the forward: a
+    tiny target is overhead-bound). The first split round sets r to that outright, so the
+    fused rounds that follow are stored at the right level and a round's predicted cost stays
+    what the rounds measured as later split rounds confirm r (with r creeping up from 1 by
+    0.9^n, the demo's fused rounds read 1.4x dearer than they ran and `auto` stayed off)."""
+    costs = [1.0 + 0.03 * q for q in range(9)]
+    policy = AdaptiveDraftLength(costs, draft_cost=0.2)
+    policy.observe(1, 1, draft_seconds=0.2, verify_seconds=1.4 * costs[1], round_seconds=2.0)
+    assert abs(policy.slowdown - 1.4) < 1e-9
+    for _ in range(20):
+        policy.observe(1, 1, round_seconds=1.8)
+    for _ in range(6):
+        policy.observe(1, 1, draft_seconds=0.2, verify_seconds=1.4 * costs[1],
+                       round_seconds=2.0)
+    assert abs(policy.round_cost(1) - 1.8) < 0.05 * 1.8
+
+
 def test_k_climbs_one_depth_at_a_time():
     """Every draft accepted on a cheap target: k goes deep, but never past the deepest depth
     measured so far plus one (and one more to explore): no jump from 3 to 7 on one round."""

@@ -79,6 +79,7 @@ class AdaptiveDraftLength:
         # a synced one-token pass, so a timing disturbed upward is capped at c(1)
         self.plain_cost = min(plain_cost or self.costs[0], self.costs[0])
         self.slowdown = 1.0  # r: measured verify time / calibrated c(k+1)
+        self.r_timed = False  # has a timed verify pass set r yet?
         self.plain_drift = 1.0  # r0: measured plain token time / calibrated p
         self.plain_left = 0  # tokens left of a plain probe (see choose)
         self.decay, self.carry = decay, carry
@@ -253,7 +254,13 @@ class AdaptiveDraftLength:
             if not self.measured and not self.scaled:  # a prior's scale: replace it
                 self._rescale(ratio)
                 ratio = 1.0
-            self.slowdown = 0.9 * self.slowdown + 0.1 * ratio
+            # the first timed pass sets r outright: fused rounds are stored in units of r
+            # (fit), so r must be near its level before they come, not 0.9^n of the way from
+            # 1 (the loop's verify can cost well over the calibrated pass: 1.4x on the tiny
+            # demo target, where a fused round then read 1.4x dearer than it ran)
+            keep = 0.9 if self.r_timed else 0.0
+            self.slowdown = keep * self.slowdown + (1 - keep) * ratio
+            self.r_timed = True
             if not self.measured:  # and its shape, once two lengths are timed
                 self._learn_shape(k + 1, verify_seconds)
         if k and draft_seconds is not None and fed <= self.k_max + 1:  # not a catch-up
@@ -372,6 +379,7 @@ class AdaptiveDraftLength:
         self.costs = tuple(verify_costs)
         self.plain_cost = min(plain_cost, self.costs[0])
         self.slowdown = self.plain_drift = 1.0
+        self.r_timed = False
         self.fit, self.overhead, self.rounds_drafted = [0.0] * 5, 0.0, 0
         self.shape = [0.0] * 5
         self.draft_cost = 0.1 * self.costs[0]

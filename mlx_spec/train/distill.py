@@ -47,7 +47,7 @@ from .chain import (
     weighted_loss,
 )
 from .data import build_training_set, encode, held_rows, read_text_data
-from .loop import Schedule, train
+from .loop import Schedule, checkpoint_step, train
 
 
 @dataclass(frozen=True)
@@ -238,7 +238,8 @@ def distill_head(target: TargetModel, data: np.ndarray, t: Trainee, dc: DistillC
         hook = (every, record)
     final = _train(t.head, loss_fn, data, dc, out / "train", progress, seconds=seconds,
                    evaluate=hook, extra=lambda step: (weights.at(step),))
-    info = {"steps": dc.steps, "final_loss": final, "depth": dc.depth,
+    steps = checkpoint_step(out / "train" / "checkpoint.safetensors")
+    info = {"steps": steps, "final_loss": final, "depth": dc.depth,
             "position_weights": weights.describe(), "held_out": curve}
     t.save(out, info)
     return info

@@ -111,3 +111,8 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: optim.Optimizer) ->
     model.update(tree_unflatten([(k[6:], v) for k, v in flat.items() if k.startswith("model.")]))
     optimizer.state = tree_unflatten([(k[4:], v) for k, v in flat.items() if k.startswith("opt.")])
     return int(meta["step"])
+
+
+def checkpoint_step(path: Path) -> int:
+    """The steps a checkpoint has trained (a timed run's count is known only at its end)."""
+    return int(mx.load(str(path), return_metadata=True)[1]["step"])
