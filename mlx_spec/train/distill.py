@@ -71,6 +71,18 @@ def soft_ce(logits: mx.array, p: mx.array, valid: mx.array) -> mx.array:
     return (ce * valid).sum() / mx.maximum(valid.sum(), 1)
 
 
+def restricted_ce(head):
+    """soft_ce against the target's p renormalised over an EAGLE-3 head's reduced draft
+    vocabulary (read from its d2t at each call: a resumed run restores it)."""
+
+    def loss(logits: mx.array, p: mx.array, valid: mx.array) -> mx.array:
+        kept = mx.zeros((p.shape[-1],), p.dtype).at[head.target_ids()].add(1.0)
+        p = p * kept
+        return soft_ce(logits, p / mx.maximum(p.sum(-1, keepdims=True), 1e-9), valid)
+
+    return loss
+
+
 def teacher(target: TargetModel, x: mx.array, kv_layer: int):
     """Frozen target over a batch: hidden [B,T,D], next-token probs [B,T,V], one layer's K/V."""
     cache = kv.make_cache(target.model, slack=x.shape[1])
@@ -196,7 +208,7 @@ def eagle3_trainee(target: TargetModel, depth: int, seed: int = 0,
     def save(out: Path, info: dict) -> None:
         eagle3.save_speculators(out, head, config, info)
 
-    loss = soft_ce if vocab is None else eagle3.restricted_ce(head)
+    loss = soft_ce if vocab is None else restricted_ce(head)
     return Trainee(head, steps, lambda: eagle3_drafter(head, target), save,
                    eagle3.TRAIN_FILE, loss), config
 

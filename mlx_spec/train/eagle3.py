@@ -12,7 +12,7 @@ whole vocabulary (no d2t / t2d maps are written, as speculators writes such a he
 tokens most frequent in the training rows (`draft_vocabulary`): lm_head is then N rows of the
 target's, `d2t` maps draft id i to target id i + d2t[i] and `t2d` marks the target ids kept, as
 speculators writes them; the loss is the soft cross-entropy against the target's distribution
-renormalised over the draft vocabulary (`restricted_ce`), and q is zero off it, so rejection
+renormalised over the draft vocabulary (distill.restricted_ce), and q is zero off it, so rejection
 sampling stays exact (a token q cannot propose is never accepted as a draft; the target still
 emits it as a correction).
 """
@@ -162,19 +162,6 @@ def chained_steps(head: Eagle3Head, target: TargetModel, x: mx.array, depth: int
 
 
 OFF_VOCAB = -1e9  # a training logit off the draft vocabulary: q ≈ 0 there, 0 · log q = 0
-
-
-def restricted_ce(head: Eagle3Head):
-    """The soft cross-entropy against the target's p renormalised over the head's draft
-    vocabulary (read from its d2t at each call: a resumed run restores it)."""
-    from .distill import soft_ce
-
-    def loss(logits: mx.array, p: mx.array, valid: mx.array) -> mx.array:
-        kept = mx.zeros((p.shape[-1],), p.dtype).at[head.target_ids()].add(1.0)
-        p = p * kept
-        return soft_ce(logits, p / mx.maximum(p.sum(-1, keepdims=True), 1e-9), valid)
-
-    return loss
 
 
 def save_speculators(out: Path, head: Eagle3Head, config: dict, train: dict) -> None:
