@@ -45,7 +45,7 @@ INTERRUPTED = "[interrupted]"  # the app ended (killed, crashed) while the answe
 
 
 ESTIMATING = "speedup: estimating…"  # the baseline is not measured yet: no number shown
-NOT_MEASURED = "speedup: not measured"  # measuring it failed (EngineHost.unmeasured says why)
+NOT_MEASURED = "speedup: not measured"  # measuring it failed (the Baseline's method says why)
 
 
 def stats_line(s: TurnStats, baseline: Baseline | None, *, speedup: bool = True) -> str:

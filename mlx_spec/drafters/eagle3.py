@@ -328,6 +328,10 @@ class Eagle3Head(nn.Module):
     def target_ids(self) -> mx.array:
         """The target id of each draft id (draft id i is target id i + d2t[i])."""
         return mx.arange(self.d2t.shape[0]) + self.d2t
+
+    def drafted(self) -> mx.array:
+        """[target vocabulary] True where a target id is in the draft vocabulary (t2d)."""
+        return mx.zeros((self.cfg.vocab_size,), mx.int32).at[self.target_ids()].add(1) > 0
 def load_eagle3(path: str | Path, target: TargetModel):
     """An MTP-style drafter around an EAGLE-3 head directory, fitted to `target`."""
     from .mtp import eagle3_drafter

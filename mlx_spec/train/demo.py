@@ -197,7 +197,6 @@ def retrain_mtp(args, train: np.ndarray, held: np.ndarray) -> None:
     log(f"installed the head beside {args.out}/demo-target and demo-target-q8")
 
 
-
 def distill_data(work: Path, target, train: np.ndarray, dc) -> np.ndarray:
     """The drafters' rows (half of them the target's own continuations), made once per run
     directory and shared by the MTP head and the draft model."""

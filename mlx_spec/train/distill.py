@@ -76,8 +76,7 @@ def restricted_ce(head):
     vocabulary (read from its d2t at each call: a resumed run restores it)."""
 
     def loss(logits: mx.array, p: mx.array, valid: mx.array) -> mx.array:
-        kept = mx.zeros((p.shape[-1],), p.dtype).at[head.target_ids()].add(1.0)
-        p = p * kept
+        p = p * head.drafted()
         return soft_ce(logits, p / mx.maximum(p.sum(-1, keepdims=True), 1e-9), valid)
 
     return loss

@@ -172,8 +172,7 @@ def save_speculators(out: Path, head: Eagle3Head, config: dict, train: dict) -> 
     weights = {k: v for k, v in tree_flatten(head.parameters()) if k != "d2t"}
     if head.cfg.draft_vocab_size < head.cfg.vocab_size:
         weights["d2t"] = head.d2t.astype(mx.int64)
-        weights["t2d"] = mx.zeros((head.cfg.vocab_size,), mx.int32).at[
-            head.target_ids()].add(1) > 0
+        weights["t2d"] = head.drafted()
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / TRAIN_FILE).write_text(json.dumps(train, indent=2))
