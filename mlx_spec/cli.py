@@ -343,14 +343,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     engine = load_engine(replace(fetched(spec_from_args(args)), drafter="none"))
     print(f"calibrating {engine.target.name} on {device_name()} ...", file=sys.stderr)
     engine.calibrate()
-    baseline = measure_baseline(engine)
-    assert baseline is not None  # nothing stops it here
-    engine.keep_baseline(baseline)
+    measured = measure_baseline(engine)
+    assert measured is not None  # nothing stops it here
+    baseline = engine.keep_baseline(measured)
     costs = engine.costs(AUTO_MAX_DRAFT)
     verify = " ".join(f"{c * 1e3:.1f}" for c in costs.verify)
     where = engine.store.root / f"{engine.key}.json" if engine.key else "(not saved: no files)"
+    quoted = ("" if len(baseline.measurements) < 2 else f" (speedups quote {baseline.tok_s:.1f}"
+              f", the median of the last {len(baseline.measurements)} measurements)")
     print(f"{engine.target.name}: verify 1..{len(costs.verify)} tokens {verify} ms, plain "
-          f"{costs.plain * 1e3:.2f} ms/token, target-only {baseline.tok_s:.1f} tok/s; "
+          f"{costs.plain * 1e3:.2f} ms/token, target-only {measured.tok_s:.1f} tok/s{quoted}; "
           f"saved to {where}")
     return 0
 

@@ -58,7 +58,10 @@ class EngineService(Protocol):
     def info(self) -> EngineInfo: ...
 
     def measure_baseline(self, *, tokens: int = 64, repeats: int = 3,
-                         stop: threading.Event | None = None) -> Baseline | None: ...
+                         stop: threading.Event | None = None) -> Baseline | None:
+        """Time the target alone once more; the baseline speedups quote from now on (the
+        median of the last few sessions' measurements), or None when `stop` ended it."""
+        ...
 
     def calibrate(self, *, stop: threading.Event | None = None) -> bool: ...
 
@@ -116,13 +119,12 @@ class EngineInThread:
 
     def measure_baseline(self, *, tokens: int = 64, repeats: int = 3,
                          stop: threading.Event | None = None) -> Baseline | None:
-        """Measure the target-only speed and save it (None: `stop` was set first). Work for
-        when the engine is idle: a stop ends it between rounds."""
+        """Measure the target-only speed, join it to the saved ones and save; returns what
+        speedups quote from now on (None: `stop` was set first). Work for when the engine is
+        idle: a stop ends it between rounds."""
         with _own_stream():
             baseline = measure_baseline(self.engine, tokens=tokens, repeats=repeats, stop=stop)
-        if baseline is not None:
-            self.engine.keep_baseline(baseline)
-        return baseline
+        return None if baseline is None else self.engine.keep_baseline(baseline)
 
     def calibrate(self, *, stop: threading.Event | None = None) -> bool:
         """Measure the target's costs unless they are (saved); False if `stop` ended it."""

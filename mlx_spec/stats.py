@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -87,13 +88,46 @@ def _add_into(acc: list[int], values: tuple[int, ...]) -> None:
         acc[i] += v
 
 
+BASELINE_KEEP = 5  # sessions' measurements a saved baseline is the median of
+
+
 @dataclass(frozen=True)
 class Baseline:
-    """Target-only decoding speed, measured on this machine with this model."""
+    """Target-only decoding speed, measured on this machine with this model.
+
+    One measurement can be far off (on a 2-core CPU, OpenBLAS runs the tiny demo target ~1.6×
+    faster now and then, and a saved outlier would misquote every later turn), so each session
+    measures again and speedups are quoted on the median of the last BASELINE_KEEP sessions'
+    measurements (`joined`)."""
 
     tok_s: float
     tokens: int
-    method: str  # human-readable: how it was measured
+    method: str  # human-readable: how one measurement is made
+    samples: tuple[float, ...] = ()  # the measurements tok_s is the median of, oldest first
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Baseline:
+        """From its saved fields (a file written before `samples` existed has one measurement)."""
+        tok_s = float(d["tok_s"])
+        return cls(tok_s, int(d["tokens"]), str(d["method"]),
+                   tuple(float(s) for s in d.get("samples") or (tok_s,)))
+
+    @property
+    def measurements(self) -> tuple[float, ...]:
+        return self.samples or (self.tok_s,)
+
+    def joined(self, new: Baseline, keep: int = BASELINE_KEEP) -> Baseline:
+        """This baseline with a new measurement: the median of the last `keep` of them."""
+        samples = (self.measurements + new.measurements)[-keep:]
+        return Baseline(statistics.median(samples), new.tokens, new.method, samples)
+
+    def describe(self) -> str:
+        """How tok_s was measured, for the user: the method, and over how many sessions."""
+        if len(self.measurements) < 2:
+            return self.method
+        runs = ", ".join(f"{s:.0f}" for s in self.measurements)
+        return (f"the median of the last {len(self.measurements)} sessions' measurements "
+                f"({runs} tok/s), each the {self.method}")
 
     def speedup(self, tok_s: float) -> float:
         return tok_s / self.tok_s if self.tok_s > 0 else 0.0

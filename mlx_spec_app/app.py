@@ -1,7 +1,7 @@
 """The chat app: the layout and the view, composed from the parts that do the work.
 
 * `EngineHost` (engine_host.py): load, restart after a crash, drafter switches, close, and the
-  idle work (idle.py) that measures the costs and baseline not saved yet.
+  idle work (idle.py) that measures the costs not saved yet and times the baseline.
 * `ModelPicker` (downloads.py): the model list and downloads.
 * `Activity` (busy.py): what the engine is doing; every action that would start another engine
   call waits until it is idle. Idle work runs only while it is idle and stops when it is not.

@@ -1,8 +1,9 @@
 """The engine's lifecycle in the app: `EngineHost` loads it (the remembered model, a picked or
-pulled one, the demo; again after a crash), switches its drafter, measures what is not saved for
-it yet while it is idle (idle.py) and closes it. Each engine call runs in a thread worker on the
-app, one at a time; results come back to the app as messages (EngineReady, LoadFailed,
-EngineSwitched, IdleDone), which it hands back to the host.
+pulled one, the demo; again after a crash), switches its drafter, measures while it is idle
+(idle.py: its costs when they are not saved, the baseline once per engine) and closes it.
+Each engine call runs in a thread worker on the app, one at a time; results come back to the
+app as messages (EngineReady, LoadFailed, EngineSwitched, IdleDone), which it hands back to
+the host.
 
 The engine runs in a child process (mlx_spec.EngineProcess: its own GIL, so the UI's Python never
 stalls it); MLX_SPEC_ENGINE=thread keeps it in this process instead (debugging).
@@ -107,7 +108,7 @@ def recalled(saved: Any, user: LoadSpec) -> LoadSpec | None:
 
 class EngineHost:
     """The app's engine: which one runs, its baseline, what loaded it, a drafter change waiting
-    for the engine to be idle, the idle work measuring what is not saved for it. `node` (the
+    for the engine to be idle, the idle work measuring it. `node` (the
     app) runs the workers and receives their messages."""
 
     def __init__(self, node: DOMNode, history: History, activity: Activity, requested: LoadSpec,
@@ -120,6 +121,8 @@ class EngineHost:
         self.given = engine
         self.engine: EngineService | None = None
         self.baseline = baseline  # None: not measured yet (speedups read "estimating…")
+        self._fixed = baseline is not None  # given with the engine: used as it is
+        self._baseline_timed = False  # timed on the running engine (a saved one is, once more)
         self.calibrated = False  # the running engine's costs are measured
         self.idle = IdleWork(node)
         self._idle_failed = False  # idle work failed on this engine: not tried again
@@ -177,6 +180,7 @@ class EngineHost:
             self.pending = None  # chosen for the old engine
         self.engine, self.baseline = ready.engine, ready.baseline
         self.calibrated, self._idle_failed = ready.engine.info.calibrated, False
+        self._baseline_timed = self._fixed and ready.engine is self.given
         if ready.spec is not None:  # remember what loaded (None: the demo pair)
             self.loaded = ready.spec
             self._history.set(LAST_MODEL, remembered(ready.spec) if ready.spec.model else None)
@@ -206,12 +210,13 @@ class EngineHost:
     # -- idle work -------------------------------------------------------------------------------
 
     def work_while_idle(self) -> None:
-        """The engine is idle: measure what is not saved for it yet (its costs, then its
-        baseline) until a user's call stops it. Nothing when busy, closed or already failed."""
+        """The engine is idle: measure its costs if they are not saved, then time its baseline
+        once (a saved one is joined by this session's: see Baseline) until a user's call stops
+        it. Nothing when busy, closed or already failed."""
         if self.engine is None or self._activity.state or self._closed or self._idle_failed:
             return
         self.idle.start(self.engine, calibrate=not self.calibrated,
-                        baseline=self.baseline is None)
+                        baseline=not self._baseline_timed)
 
     def took(self, done: IdleDone) -> bool:
         """Keep what idle work measured on the running engine; True when a baseline came."""
@@ -226,7 +231,7 @@ class EngineHost:
             return True
         if done.baseline is None:
             return False
-        self.baseline = done.baseline
+        self.baseline, self._baseline_timed = done.baseline, True
         return True
 
     # -- drafter and draft length ------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Work for an idle engine: measure the target's costs (what `--num-draft auto` reads) and the
-target-only baseline the speedups are quoted against, when they are not saved for this model on
-this device yet. The engine saves both; a later run reads them and measures nothing.
+"""Work for an idle engine: measure the target's costs (what `--num-draft auto` reads) when they
+are not saved for this model on this device yet, and time the target-only baseline the speedups
+are quoted against once per engine (it joins the measurements saved by earlier sessions: one
+measurement can be far off, their median holds). The engine saves both.
 
 `IdleWork` runs them in a thread worker while no turn runs and gives way to every engine call
 the user starts: `stop()` sets its stop event (the engine checks it between rounds), and

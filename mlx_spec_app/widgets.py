@@ -339,7 +339,8 @@ class StatsPanel(VerticalScroll):
         elif baseline.tok_s <= 0:
             method = f"{NOT_MEASURED}: {baseline.method}"
         else:
-            method = f"speedup = tok/s ÷ baseline {baseline.tok_s:.1f} tok/s: {baseline.method}"
+            method = (f"speedup = tok/s ÷ baseline {baseline.tok_s:.1f} tok/s: "
+                      f"{baseline.describe()}")
         self.query_one("#method", Static).update(Content(method))
 
     def show_totals(self, t: Totals, baseline: Baseline | None) -> None:

@@ -5,7 +5,7 @@ drafter's weights, and the target's costs and target-only speed as measured on t
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from ..drafters.base import Drafter
@@ -39,7 +39,7 @@ class Engine:
         self.key = key_of(target, kv_bits)  # None: a target built in code, nothing is saved
         saved = self.store.load(self.key) if self.key else None
         self._measured: TargetCosts | None = saved.costs if saved else None
-        self.baseline: Baseline | None = (Baseline(**saved.baseline)
+        self.baseline: Baseline | None = (Baseline.from_dict(saved.baseline)
                                           if saved and saved.baseline else None)
         self._priors: dict[int, TargetCosts] = {}
 
@@ -76,10 +76,14 @@ class Engine:
         self._save()
         return True
 
-    def keep_baseline(self, baseline: Baseline) -> None:
-        """A measured target-only speed, saved beside the costs."""
-        self.baseline = baseline
+    def keep_baseline(self, measured: Baseline) -> Baseline:
+        """A measured target-only speed joins the saved ones (the median of the last few
+        sessions' is what speedups quote, see Baseline); saved beside the costs. Returns it."""
+        known = self.baseline
+        self.baseline = (known.joined(measured) if known and known.tok_s > 0
+                         else replace(measured, samples=measured.measurements))
         self._save()
+        return self.baseline
 
     def _save(self) -> None:
         if self.key is None:
