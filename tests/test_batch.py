@@ -5,6 +5,7 @@ each conversation alone, a seeded sampled turn equal to itself alone, and one pa
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
 from helpers import PROMPT, assert_same_or_near_tie, checked, run
 from published import build_pair, write_checkpoint
@@ -19,12 +20,12 @@ from test_engine_sampling import (
 
 from mlx_spec.drafters import DraftModelDrafter
 from mlx_spec.engine import Engine
-from mlx_spec.engine.batch import batchable, verify_together
-from mlx_spec.engine.turn import Pause, Verify
+from mlx_spec.engine.batch import batchable, draft_together, verify_together
+from mlx_spec.engine.turn import Drafting, Pause, Verify
 from mlx_spec.events import TurnEnd
 from mlx_spec.loading import load_target, make_drafter
 from mlx_spec.recurrent import rollback_strategy
-from mlx_spec.sampling import SamplingConfig
+from mlx_spec.sampling import Sampler, SamplingConfig
 
 PROMPTS = [PROMPT, OTHER, PROMPT[:5] + [3, 1, 4, 1, 5, 9, 2, 6], [7] * 3]
 
@@ -35,23 +36,33 @@ def turns_of(convs, prompts, *, max_tokens=32, sampling=None):
             for c, p, s in zip(convs, prompts, sampling, strict=True)]
 
 
-def lockstep(turns):
+def lockstep(turns, *, drafts_together=False):
     """Drive the turns together: each runs to its next verify, then one batched pass answers
-    them all. Returns each turn's TurnEnd and the batch size of every pass."""
+    them all (drafts_together: the rounds' drafts too, as the server does). Returns each
+    turn's TurnEnd and the batch size of every pass."""
     ends, sizes = [None] * len(turns), []
     items = [next(t) for t in turns]
     while True:
-        waiting = []
+        waiting, drafting = [], []
         for i, t in enumerate(turns):
             while ends[i] is None and not isinstance(items[i], Verify):
                 if isinstance(items[i], TurnEnd):
                     ends[i] = items[i]
+                    break
+                if drafts_together and isinstance(items[i], Drafting):
+                    drafting.append(i)
                     break
                 items[i] = next(t)
                 if isinstance(items[i], Pause):  # a prefill chunk: the others' turn
                     break
             if ends[i] is None and isinstance(items[i], Verify):
                 waiting.append(i)
+        if drafting:
+            drafts = draft_together([items[i] for i in drafting])
+            for i, draft in zip(drafting, drafts, strict=True):
+                items[i] = turns[i].send(draft)  # on to its Verify
+                waiting.append(i)
+            waiting.sort()
         if all(e is not None for e in ends):
             return ends, sizes
         if not waiting:
@@ -89,11 +100,15 @@ def test_batched_rounds_equal_each_conversation_alone(load, model_dirs, arch, wh
     assert batchable(convs)
     # every round: its caches (sliding windows too) == a recompute of its own sequence
     committed = [checked(c) for c in convs]
-    calls = []
+    calls, drafted = [], []
     forward_rows = target.forward_rows
     target.forward_rows = lambda *a, **k: calls.append(a[0].shape) or forward_rows(*a, **k)
+    if hasattr(drafter, "draft_rows"):  # the drafts batch too (a shared-kv head's do)
+        draft_rows = drafter.draft_rows
+        drafter.draft_rows = lambda *a: (lambda got: drafted.append(
+            got is not None and len(got)) or got)(draft_rows(*a))
     try:
-        ends, sizes = lockstep(turns_of(convs, PROMPTS))
+        ends, sizes = lockstep(turns_of(convs, PROMPTS), drafts_together=True)
     finally:
         target.forward_rows = forward_rows
     for prompt, got, want in zip(PROMPTS, ends, alone, strict=True):
@@ -101,9 +116,37 @@ def test_batched_rounds_equal_each_conversation_alone(load, model_dirs, arch, wh
     batched = [s for s in calls if s[0] > 1]
     assert len(batched) == sum(1 for s in sizes if s > 1)  # ONE pass per batched round
     assert max(sizes) == len(PROMPTS)
+    if which == "shared-kv":  # its drafts were drafted together, all four rows at once
+        assert max(drafted) == len(PROMPTS)
     if which == "near":  # in one pass, rows commit different lengths (never the minimum)
         rounds = min(len(c) for c in committed)
         assert any(len({c[j] for c in committed}) > 1 for j in range(1, rounds))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_shared_kv_head_drafts_all_rows_in_one_step_as_each_would_alone(load, temperature):
+    """draft_rows: rows of different lengths and draft counts, each the drafts (and the q they
+    report) it draws alone from the same random stream, up to the batched kernels' rounding."""
+    target, tok = load("qwen3")
+    drafter = drafter_of("shared-kv", target, load)
+    engine = Engine(target, tok, drafter, draft_length=3)
+    convs = [engine.conversation() for _ in PROMPTS]
+    for conv, prompt in zip(convs, PROMPTS, strict=True):
+        run(conv, prompt=prompt, max_tokens=5 + len(prompt) % 4)  # ragged committed lengths
+    ks = [1, 4, 2, 3]
+    cfg = SamplingConfig(temperature=temperature, top_p=0.95, seed=7)
+    alone = [drafter.draft(c.drafter_state, c.draft_context(), k, Sampler(cfg))
+             for c, k in zip(convs, ks, strict=True)]
+    rows = drafter.draft_rows([c.drafter_state for c in convs],
+                              [c.draft_context() for c in convs], ks, [Sampler(cfg) for _ in ks])
+    assert rows is not None and len({len(c.tokens) for c in convs}) > 1
+    for one, row, k in zip(alone, rows, ks, strict=True):
+        assert row.k == one.k == k
+        assert row.tokens.tolist() == one.tokens.tolist()
+        if temperature:
+            assert mx.allclose(row.probs, one.probs, atol=1e-5).item()
+        else:
+            assert row.probs is None and one.probs is None
 
 
 def test_a_seeded_sampled_turn_is_the_same_inside_a_batch(load):

@@ -67,6 +67,10 @@ class DrafterState(Protocol):
 
 
 class Drafter(Protocol):
+    """What every drafter does. One may also have `draft_rows(states, ctxs, ks, samplers) ->
+    list[Draft] | None`: several conversations' drafts in one chain of steps over all their
+    rows (batch.draft_together; None where these rows cannot, and each drafts alone)."""
+
     name: str
     # does commit() need the target's hidden states? True: the final ones; (i, j, ...): the
     # inputs of those layers, side by side (EAGLE-3)
@@ -104,9 +108,7 @@ def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler, 
     """k autoregressive draft steps: step(input) -> next-token logits [V]; each sampled token is
     the next input. Tokens stay lazy on the device (no host sync at all: the verify pass reads
     them there); a repetition penalty reads the drafts so far there too."""
-    # what a penalty reads: the history, then each draft as it is drawn (nothing without one)
-    seen = (mx.array(ctx.tokens[-sampler.cfg.repetition_context :], dtype=mx.int32)
-            if sampler.uses_history else [])
+    seen = _history(ctx, sampler)
     x, tokens, probs = first_input, [], []
     for _ in range(k):
         token, q = sampler.draft_token(step(x), seen)
@@ -117,3 +119,39 @@ def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler, 
             probs.append(q)
         x = token.reshape(1)
     return Draft(mx.stack(tokens).astype(mx.int32), mx.stack(probs) if probs else None, fed)
+
+
+def draft_rows_chain(step, ctxs: list[DraftContext], ks: list[int],
+                     samplers: list[Sampler]) -> list[Draft]:
+    """draft_chain for B conversations at once: step(tokens [B], or None first) -> logits
+    [B, V], one drafter step for every row. Row r draws its first ks[r] tokens from its own
+    sampler, in the order it would alone (its random stream advances alike); the chain runs
+    max(ks) steps, and a row whose drafts are done rides along on its argmax, unused."""
+    seen = [_history(ctx, s) for ctx, s in zip(ctxs, samplers, strict=True)]
+    tokens: list[list[mx.array]] = [[] for _ in ks]
+    probs: list[list[mx.array]] = [[] for _ in ks]
+    x = None
+    for i in range(max(ks)):
+        logits = step(x)
+        chosen = []
+        for r, sampler in enumerate(samplers):
+            if i >= ks[r]:
+                chosen.append(mx.argmax(logits[r], axis=-1))
+                continue
+            token, q = sampler.draft_token(logits[r], seen[r])
+            if sampler.uses_history:
+                seen[r] = mx.concatenate([seen[r], token.reshape(1).astype(mx.int32)])
+            tokens[r].append(token)
+            if q is not None:
+                probs[r].append(q)
+            chosen.append(token)
+        x = mx.stack(chosen)
+    return [Draft(mx.stack(t).astype(mx.int32), mx.stack(p) if p else None)
+            for t, p in zip(tokens, probs, strict=True)]
+
+
+def _history(ctx: DraftContext, sampler: Sampler) -> mx.array | list:
+    """What a repetition penalty reads: the history, then each draft as it is drawn (nothing
+    without one)."""
+    return (mx.array(ctx.tokens[-sampler.cfg.repetition_context :], dtype=mx.int32)
+            if sampler.uses_history else [])

@@ -35,7 +35,7 @@ from ..errors import ModelLoadError, TokenizerMismatchError, first_line
 from ..model import TargetModel
 from ..sampling import Sampler
 from . import nextn
-from .base import Draft, DraftContext, draft_chain
+from .base import Draft, DraftContext, draft_chain, draft_rows_chain
 from .nextn import NextNHead
 
 CONFIG_FILE = "mtp_config.json"
@@ -351,6 +351,52 @@ class MTPDrafter:
             return self._logits(h)[0, -1]
 
         return draft_chain(next_logits, None, ctx, k, sampler, fed=fed)
+
+    def draft_rows(self, states: list[MTPState], ctxs: list[DraftContext], ks: list[int],
+                   samplers: list[Sampler]) -> list[Draft] | None:
+        """Several conversations' drafts, each head step run once over all their rows (the
+        server's batch). A shared-kv head keeps nothing of its own, so a row is its last token,
+        its newest hidden row and its target layer's K/V: the rows' K/V side by side,
+        right-padded to the longest with zero keys the mask hides, and RoPE at each row's own
+        position; the same step as `draft` for each row, up to the batched kernels' rounding.
+        None (each drafts alone) for heads with caches of their own, a windowed or quantized
+        K/V layer, or a row whose hidden row is not held."""
+        if self.cfg.kind != "shared-kv":
+            return None
+        layers = [ctx.target_cache[self.cfg.kv_layer] for ctx in ctxs]
+        if any(type(c) is not kv.KVCache for c in layers):
+            return None
+        for state, ctx in zip(states, ctxs, strict=True):
+            n = len(ctx.tokens)
+            if n < 2 or state.hist.n != n - 1 or not state.hist.has(n - 2):
+                return None
+        stored = [target_kv(c)[:2] for c in layers]  # each [1, kv heads, length, head dim]
+        lengths = [k.shape[2] for k, _ in stored]
+        width = max(lengths)
+
+        def pad(x: mx.array) -> mx.array:
+            return mx.pad(x, [(0, 0), (0, 0), (0, width - x.shape[2]), (0, 0)])
+
+        keys = mx.concatenate([pad(k) for k, _ in stored])
+        values = mx.concatenate([pad(v) for _, v in stored])
+        mask = (mx.arange(width)[None] < mx.array(lengths)[:, None])[:, None, None, :]
+        h = mx.concatenate([s.hist.rows(len(c.tokens) - 2, len(c.tokens) - 1)[None]
+                            for s, c in zip(states, ctxs, strict=True)])
+        pos = mx.array([len(c.tokens) - 1 for c in ctxs])
+        first = mx.array([c.tokens[-1] for c in ctxs])
+        embed = self.head.embed_tokens if "embed_tokens" in self.head else self.target.embed
+
+        def step(x: mx.array | None) -> mx.array:
+            nonlocal h, pos
+            if x is None:
+                x = first
+            else:
+                pos = pos + 1
+            emb = embed(x.reshape(-1, 1)) * self.cfg.embed_scale
+            h = self.head(emb, h, keys, values, self.rope, pos, mask=mask)[:, -1:]
+            return self._logits(h)[:, -1]
+
+        return draft_rows_chain(step, ctxs, ks, samplers)
 
     def _logits(self, h: mx.array) -> mx.array:
         """The shared target head, or a head's own (EAGLE-3: its draft vocabulary)."""

@@ -12,6 +12,9 @@ leave them: commit and rollback stay per conversation, ragged (each keeps its ow
 Recurrent layers (Gated DeltaNet) batch through recurrent.RowsRecurrent: padded steps are masked
 out of the recurrence, and each row records its own update (its replay over its own inputs),
 so rollback stays per conversation too. Quantized KV verifies one conversation at a time.
+
+The drafts before that pass batch too where the drafter can (`draft_together`): a shared-kv MTP
+head runs each draft step once over every row instead of once per row.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ..recurrent import RecurrentCache, RowsRecurrent
 
 if TYPE_CHECKING:
     from .conversation import Conversation
+    from .turn import Drafting
 
 Verified = tuple[mx.array, mx.array | None]  # a round's logits [k+1, V], hidden [k+1, ·]
 
@@ -113,3 +117,30 @@ def verify_together(rounds: list[tuple[Conversation, Draft]]) -> list[Verified]:
     logits, hidden = convs[0].target.forward_rows(x, caches, hidden=convs[0].wants_hidden)
     return [conv.verified(q, draft, logits[r, :q], hidden[r, :q] if hidden is not None else None)
             for r, ((conv, draft), q) in enumerate(zip(rounds, lengths, strict=True))]
+
+
+def draft_together(rounds: list[Drafting]) -> list[Draft]:
+    """Every round's drafts: the rounds whose conversations share a drafter that drafts rows
+    together (`draft_rows`) in one chain of its steps over all of them, the rest each alone
+    (Conversation.draft). Each row draws its own k from its own sampler, so its drafts and
+    the probabilities they report are what it would draw alone, up to the batched kernels'
+    rounding; the target decides what is emitted either way. Synced where a round times its
+    draft apart (split), else left to run while the host builds the verify pass."""
+    drafts: list[Draft | None] = [None] * len(rounds)
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(rounds):
+        groups.setdefault(id(r.conv.drafter), []).append(i)
+    for members in groups.values():
+        convs = [rounds[i].conv for i in members]
+        rows = getattr(convs[0].drafter, "draft_rows", None)
+        got = None if len(members) < 2 or rows is None else rows(
+            [c.drafter_state for c in convs], [c.draft_context() for c in convs],
+            [rounds[i].k for i in members], [rounds[i].sampler for i in members])
+        if got is None:
+            continue
+        arrays = [a for d in got for a in (d.tokens, d.probs) if a is not None]
+        (mx.eval if any(rounds[i].split for i in members) else mx.async_eval)(arrays)
+        for i, d in zip(members, got, strict=True):
+            drafts[i] = d
+    return [d if d is not None else r.conv.draft(r.k, r.sampler, split=r.split)
+            for d, r in zip(drafts, rounds, strict=True)]

@@ -28,7 +28,7 @@ from ..sampling import Sampler, SamplingConfig, Tokens
 from ..spec import DraftLength, auto_ceiling, check_draft_length, max_draft_for
 from .adaptive import AdaptiveDraftLength
 from .batch import Verified
-from .turn import Pause, Verify, play
+from .turn import Drafting, Pause, Verify, play
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -117,6 +117,10 @@ class Conversation:
 
     def _context(self, hidden: mx.array | None = None, start: int = 0) -> DraftContext:
         return DraftContext(self.target, self.tokens, self.cache, hidden, start)
+
+    def draft_context(self) -> DraftContext:
+        """What the drafter reads to draft now (batch.draft_together drafts several)."""
+        return self._context()
 
     @property
     def wants_hidden(self) -> bool | tuple[int, ...]:
@@ -292,18 +296,21 @@ class Conversation:
         TurnEnd. ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests)."""
         with closing(play(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
                           ignore_eos=ignore_eos)) as steps:
-            for event in steps:  # (a Verify answered by next(): the round verifies alone)
-                if not isinstance(event, Verify | Pause):
+            for event in steps:  # (Drafting, Verify answered by next(): the round runs alone)
+                if not isinstance(event, Drafting | Verify | Pause):
                     yield event
 
     def steps(self, prompt: list[int], *, max_tokens: int = 256,
               sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-              ignore_eos: bool = False) -> Generator[Event | Verify | Pause, Verified | None, None]:
+              ignore_eos: bool = False
+              ) -> Generator[Event | Drafting | Verify | Pause, Draft | Verified | None, None]:
         """`generate`, with each pass left to the caller: before it, a Verify is yielded;
         send back its (logits, hidden) from batch.verify_together (several conversations, one
-        pass), or None (or iterate) to let it run alone. Plain tokens (speculation off, or no
-        drafter) come as rounds of no drafts, so they batch too (not pipelined); a Pause after
-        each prefill chunk lets the driver run other conversations in between."""
+        pass), or None (or iterate) to let it run alone. Likewise a Drafting before a round's
+        drafts: send back its Draft from batch.draft_together, or None. Plain tokens
+        (speculation off, or no drafter) come as rounds of no drafts, so they batch too (not
+        pipelined); a Pause after each prefill chunk lets the driver run other conversations in
+        between."""
         return play(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
                     ignore_eos=ignore_eos, rounds_only=True)
 

@@ -46,6 +46,19 @@ class Verify:
 
 
 @dataclass(frozen=True)
+class Drafting:
+    """A round about to draft (only `Conversation.steps` yields these). A driver that runs
+    several conversations may draft theirs together (batch.draft_together: one step of the
+    drafter for all rows per draft position) and send back this round's Draft; one that just
+    iterates (next) lets it draft alone. split: the round times its draft apart (synced)."""
+
+    conv: Conversation
+    k: int
+    sampler: Sampler
+    split: bool
+
+
+@dataclass(frozen=True)
 class Pause:
     """A prefill chunk is done (only `Conversation.steps` yields these): a driver of several
     conversations may run the others' rounds before the next chunk."""
@@ -71,7 +84,7 @@ class _Turn:
 def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
          sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
          ignore_eos: bool = False, rounds_only: bool = False
-         ) -> Generator[Event | Verify | Pause, Verified | None, None]:
+         ) -> Generator[Event | Drafting | Verify | Pause, Draft | Verified | None, None]:
     """Conversation.steps (rounds_only: plain tokens too go through Verify, and the prefill
     pauses between chunks) / generate."""
     check_prompt(conv, prompt)
@@ -128,8 +141,8 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
                     item = rounds.send(reply)
                 except StopIteration:
                     break
-                if isinstance(item, Verify):  # up to the driver: batched, or alone (None)
-                    reply = yield item
+                if isinstance(item, Drafting | Verify):  # up to the driver: batched, or
+                    reply = yield item  # alone (None)
                     continue
                 reply = None
                 new, kinds = item
@@ -155,13 +168,15 @@ def check_prompt(conv: Conversation, prompt: list[int]) -> None:
 
 def speculate(conv: Conversation, k: int, sampler: Sampler, schedule: Schedule, tally: Totals,
               keep: Callable[[list[int]], int]
-              ) -> Generator[Emitted | Verify, Verified | None, None]:
-    """One speculative round: draft, verify (yielding Verify first: the driver may batch it),
-    accept, commit the first keep(tokens) of its tokens (the turn may end inside it); yields
-    them and their kinds."""
+              ) -> Generator[Emitted | Drafting | Verify, Draft | Verified | None, None]:
+    """One speculative round: draft, verify (yielding Drafting and Verify first: the driver
+    may batch either), accept, commit the first keep(tokens) of its tokens (the turn may end
+    inside it); yields them and their kinds."""
     split = schedule.split()  # time draft and verify apart this round
     t = round_start = time.perf_counter()
-    draft = conv.draft(k, sampler, split=split)
+    draft = yield Drafting(conv, k, sampler, split)
+    if draft is None:
+        draft = conv.draft(k, sampler, split=split)
     draft_s = time.perf_counter() - t
     t = time.perf_counter()
     logits, hidden = (yield Verify(conv, draft)) or conv.verify(draft)

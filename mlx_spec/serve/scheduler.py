@@ -1,8 +1,9 @@
 """Several requests at once on one engine: each request is a Conversation of its own beside the
 engine's weights, and one engine thread runs them all in cycles. A cycle advances every running
-request to its next verify pass (drafting on its own drafter state, emitting the tokens its last
-round committed; a request in its prefill takes one chunk), then runs ONE target pass over every
-waiting round (engine/batch.py: each row commits its own accepted prefix). Requests join and
+request to its next round (emitting the tokens its last round committed; a request in its
+prefill takes one chunk), drafts every round's drafts (together where the drafter can:
+engine/batch.py `draft_together`, each on its own drafter state), then runs ONE target pass
+over every waiting round (each row commits its own accepted prefix). Requests join and
 leave between cycles, so speculation stays on for each (its own drafter state, its own policy,
 its own random stream) while the verify is shared.
 
@@ -28,12 +29,13 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..drafters import Draft
 from ..engine import Engine
 from ..engine.adaptive import AdaptiveDraftLength
-from ..engine.batch import Verified, batchable, verify_together
+from ..engine.batch import Verified, batchable, draft_together, verify_together
 from ..engine.batch_length import BatchDraftLength
 from ..engine.conversation import Conversation
-from ..engine.turn import Pause, Verify
+from ..engine.turn import Drafting, Pause, Verify
 from ..events import Event, TokenEvent, TurnEnd
 from ..sampling import SamplingConfig
 from .metrics import Metrics
@@ -145,10 +147,14 @@ class Scheduler:
             self.running = len(running)
 
     def _cycle(self, running: list[_Running]) -> list[_Running]:
-        """Every request to its next verify (or one plain step), then one pass for all."""
+        """Every request to its next round (or one plain step), the rounds' drafts (together
+        where they can), then one pass for all."""
         start = time.perf_counter()
         capped = self._cap(running)
         running = [run for run in running if self._advance(run)]
+        self._draft(running)
+        running = [run for run in running
+                   if not isinstance(run.item, Drafting) or self._advance(run)]
         rounds = [run for run in running if isinstance(run.item, Verify)]
         if rounds:
             together = [(run.item.conv, run.item.draft) for run in rounds]
@@ -167,6 +173,19 @@ class Scheduler:
                 self.batch.observe(len(rounds), max(draft.k for _, draft in together),
                                    time.perf_counter() - start)
         return running
+
+    def _draft(self, running: list[_Running]) -> None:
+        """The rounds about to draft get their drafts (draft_together) as their replies; an
+        error leaves each to draft alone, where it reaches its own request."""
+        rounds = [run for run in running if isinstance(run.item, Drafting)]
+        if not rounds:
+            return
+        try:
+            drafts: list[Draft | None] = list(draft_together([run.item for run in rounds]))
+        except Exception:  # noqa: BLE001 - each drafts alone: an error reaches its own job
+            drafts = [None] * len(rounds)
+        for run, draft in zip(rounds, drafts, strict=True):
+            run.reply = draft
 
     def _cap(self, running: list[_Running]) -> bool:
         """Set this cycle's cap on every `auto` row's draft length (BatchDraftLength): the
@@ -197,7 +216,7 @@ class Scheduler:
                 job.events.put(_DONE)
                 return False
             run.reply = None
-            if isinstance(item, Verify):
+            if isinstance(item, Drafting | Verify):
                 run.item = item
                 return True
             if isinstance(item, Pause):
@@ -238,10 +257,11 @@ class Scheduler:
 
 @dataclass
 class _Running:
-    """A running request: its turn, and what the turn waits for (its Verify, then its reply)."""
+    """A running request: its turn, and what the turn waits for (its Drafting or Verify, then
+    its reply)."""
 
     job: Job
     conv: Conversation  # its policy (set once the turn begins) takes each cycle's cap
-    turn: Generator[Event | Verify | Pause, Verified | None, None]
-    item: Verify | None = None
-    reply: Verified | None = None
+    turn: Generator[Event | Drafting | Verify | Pause, Draft | Verified | None, None]
+    item: Drafting | Verify | None = None
+    reply: Draft | Verified | None = None
