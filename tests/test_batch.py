@@ -116,32 +116,52 @@ def test_batched_rounds_equal_each_conversation_alone(load, model_dirs, arch, wh
     batched = [s for s in calls if s[0] > 1]
     assert len(batched) == sum(1 for s in sizes if s > 1)  # ONE pass per batched round
     assert max(sizes) == len(PROMPTS)
-    if which == "shared-kv":  # its drafts were drafted together, all four rows at once
+    if which in ("shared-kv", "near"):  # drafts drafted together, all four rows at once
         assert max(drafted) == len(PROMPTS)
     if which == "near":  # in one pass, rows commit different lengths (never the minimum)
         rounds = min(len(c) for c in committed)
         assert any(len({c[j] for c in committed}) > 1 for j in range(1, rounds))
 
 
+@pytest.mark.parametrize("which", ["shared-kv", "near"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_shared_kv_head_drafts_all_rows_in_one_step_as_each_would_alone(load, temperature):
-    """draft_rows: rows of different lengths and draft counts, each the drafts (and the q they
-    report) it draws alone from the same random stream, up to the batched kernels' rounding."""
+def test_draft_rows_draft_every_row_in_one_step_as_each_would_alone(load, model_dirs, which,
+                                                                    temperature):
+    """draft_rows (a shared-kv MTP head; a draft model, its rows' caches batched as the
+    target's are): rows of different lengths and draft counts, each the drafts (and the q they
+    report) it draws alone from the same random stream, up to the batched kernels' rounding;
+    a draft model's caches hold after it what they hold after drafting alone."""
     target, tok = load("qwen3")
-    drafter = drafter_of("shared-kv", target, load)
+    drafter = (DraftModelDrafter(near_copy(model_dirs, "qwen3", 0.3), target) if which == "near"
+               else drafter_of(which, target, load))
     engine = Engine(target, tok, drafter, draft_length=3)
     convs = [engine.conversation() for _ in PROMPTS]
     for conv, prompt in zip(convs, PROMPTS, strict=True):
         run(conv, prompt=prompt, max_tokens=5 + len(prompt) % 4)  # ragged committed lengths
     ks = [1, 4, 2, 3]
     cfg = SamplingConfig(temperature=temperature, top_p=0.95, seed=7)
-    alone = [drafter.draft(c.drafter_state, c.draft_context(), k, Sampler(cfg))
-             for c, k in zip(convs, ks, strict=True)]
-    rows = drafter.draft_rows([c.drafter_state for c in convs],
-                              [c.draft_context() for c in convs], ks, [Sampler(cfg) for _ in ks])
+    states = [c.drafter_state for c in convs]
+    before = [getattr(s, "cached", None) for s in states]
+    alone = [drafter.draft(s, c.draft_context(), k, Sampler(cfg))
+             for s, c, k in zip(states, convs, ks, strict=True)]
+    mx.eval([d.tokens for d in alone] + [d.probs for d in alone if d.probs is not None])
+    after = [[mx.array(x) for x in kv.state[:2]] if which == "near" else None
+             for kv in (s.cache[0] if which == "near" else None for s in states)]
+    ends = [getattr(s, "cached", None) for s in states]
+    for s, c, n in zip(states, convs, before, strict=True):
+        if n is not None:  # back to before the draft: draft_rows starts where alone did
+            drafter.commit(s, c.draft_context(), n)
+    rows = drafter.draft_rows(states, [c.draft_context() for c in convs], ks,
+                              [Sampler(cfg) for _ in ks])
     assert rows is not None and len({len(c.tokens) for c in convs}) > 1
+    assert [getattr(s, "cached", None) for s in states] == ends
+    if which == "near":  # each row's cache: what drafting alone left there
+        for s, (keys, values), n in zip(states, after, ends, strict=True):
+            k, v = s.cache[0].state[:2]
+            assert mx.allclose(k[..., :n, :], keys[..., :n, :], atol=1e-4).item()
+            assert mx.allclose(v[..., :n, :], values[..., :n, :], atol=1e-4).item()
     for one, row, k in zip(alone, rows, ks, strict=True):
-        assert row.k == one.k == k
+        assert row.k == one.k == k and row.fed == one.fed
         assert row.tokens.tolist() == one.tokens.tolist()
         if temperature:
             assert mx.allclose(row.probs, one.probs, atol=1e-5).item()

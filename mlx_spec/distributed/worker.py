@@ -56,7 +56,7 @@ def run_forward(target: TargetModel, cmd: Command, caches: dict[int, list[Any]],
     if f.cid == NO_CACHE:
         cache = None
     elif f.cid == ROWS:  # a batched verify: the rows' caches, layer by layer
-        from ..engine.batch import rows_of
+        from ..rows import rows_of
 
         lengths = [n for _, n in rows]
         cache = [rows_of([caches[cid][i] for cid, _ in rows], lengths)

@@ -123,20 +123,22 @@ def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler, 
 
 def draft_rows_chain(step, ctxs: list[DraftContext], ks: list[int],
                      samplers: list[Sampler]) -> list[Draft]:
-    """draft_chain for B conversations at once: step(tokens [B], or None first) -> logits
-    [B, V], one drafter step for every row. Row r draws its first ks[r] tokens from its own
-    sampler, in the order it would alone (its random stream advances alike); the chain runs
-    max(ks) steps, and a row whose drafts are done rides along on its argmax, unused."""
+    """draft_chain for B conversations at once: step(tokens [B] or None first, live) -> logits
+    [B, V], one drafter step over the rows still drafting (live[r]: row r wants this step; a
+    step may compute the others too, or not, and their logits are never read). Row r draws
+    its first ks[r] tokens from its own sampler, in the order it would alone (its random
+    stream advances alike); the chain runs max(ks) steps."""
     seen = [_history(ctx, s) for ctx, s in zip(ctxs, samplers, strict=True)]
     tokens: list[list[mx.array]] = [[] for _ in ks]
     probs: list[list[mx.array]] = [[] for _ in ks]
     x = None
     for i in range(max(ks)):
-        logits = step(x)
+        live = [i < k for k in ks]
+        logits = step(x, live)
         chosen = []
         for r, sampler in enumerate(samplers):
-            if i >= ks[r]:
-                chosen.append(mx.argmax(logits[r], axis=-1))
+            if not live[r]:  # its drafts are done: a placeholder input, never used
+                chosen.append(mx.zeros((), mx.int32))
                 continue
             token, q = sampler.draft_token(logits[r], seen[r])
             if sampler.uses_history:
@@ -144,7 +146,7 @@ def draft_rows_chain(step, ctxs: list[DraftContext], ks: list[int],
             tokens[r].append(token)
             if q is not None:
                 probs[r].append(q)
-            chosen.append(token)
+            chosen.append(token.astype(mx.int32))
         x = mx.stack(chosen)
     return [Draft(mx.stack(t).astype(mx.int32), mx.stack(p) if p else None)
             for t, p in zip(tokens, probs, strict=True)]

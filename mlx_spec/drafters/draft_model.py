@@ -16,9 +16,12 @@ import mlx.core as mx
 from .. import cache as kv
 from ..errors import TokenizerMismatchError
 from ..model import TargetModel
+from ..rows import rows_of
 from ..sampling import Sampler
 from ..vocab import check_same
-from .base import Draft, DraftContext, draft_chain
+from .base import Draft, DraftContext, draft_chain, draft_rows_chain
+
+ROWS_CATCH_UP = 16  # the longest catch-up a row may bring into a batched draft
 
 
 class DraftModelState:
@@ -76,7 +79,9 @@ class DraftModelDrafter:
         if n > self.width:
             logits = logits[..., : self.width]
         elif n < self.width:
-            logits = mx.concatenate([logits, mx.full((self.width - n,), -mx.inf, logits.dtype)])
+            logits = mx.concatenate(
+                [logits, mx.full((*logits.shape[:-1], self.width - n), -mx.inf, logits.dtype)],
+                axis=-1)
         return logits + self.impossible.astype(logits.dtype)
 
     def draft(self, state: DraftModelState, ctx: DraftContext, k: int, sampler: Sampler
@@ -89,6 +94,41 @@ class DraftModelDrafter:
         # catch up on committed tokens not yet seen (the pending one at least), then one step each
         behind = ctx.tokens[state.cached :]
         return draft_chain(step, behind, ctx, k, sampler, fed=len(behind))
+
+    def draft_rows(self, states: list[DraftModelState], ctxs: list[DraftContext],
+                   ks: list[int], samplers: list[Sampler]) -> list[Draft] | None:
+        """Several conversations' drafts, each step of the draft model run once over all their
+        rows (the server's batch) through their own caches (rows.py: ragged, masked, RoPE per
+        row), the first step feeding each row its own catch-up; as `draft` for each row, up to
+        the batched kernels' rounding. None (each drafts alone) for caches that do not batch
+        (quantized, recurrent), or where a row has a long catch-up (a new prompt: padding the
+        others to it would cost more than it saves)."""
+        if any(type(c) not in (kv.KVCache, kv.WindowKVCache) for s in states for c in s.cache):
+            return None
+        behind = [ctx.tokens[s.cached :] for s, ctx in zip(states, ctxs, strict=True)]
+        if max(len(b) for b in behind) > ROWS_CATCH_UP:
+            return None
+        layers = len(states[0].cache)
+
+        def step(x: mx.array | None, live: list[bool]) -> mx.array:
+            # only the rows still drafting go through (a done row's cache takes nothing more)
+            ids = [r for r, on in enumerate(live) if on]
+            rows = [mx.array(behind[r], dtype=mx.int32) if x is None else x[r : r + 1]
+                    for r in ids]
+            lengths = [t.shape[0] for t in rows]
+            width = max(lengths)
+            tokens = mx.stack([mx.pad(t, [(0, width - t.shape[0])]) for t in rows])
+            caches = [rows_of([states[r].cache[i] for r in ids], lengths)
+                      for i in range(layers)]
+            logits, _ = self.model.forward_rows(tokens, caches)
+            out = mx.zeros((len(live), logits.shape[-1]), logits.dtype)
+            for j, (r, q) in enumerate(zip(ids, lengths, strict=True)):
+                states[r].cached += q
+                out[r] = logits[j, q - 1]
+            return self._at_target_width(out)
+
+        drafts = draft_rows_chain(step, ctxs, ks, samplers)
+        return [Draft(d.tokens, d.probs, len(b)) for d, b in zip(drafts, behind, strict=True)]
 
     def nbytes(self) -> int:
         return self.model.nbytes()

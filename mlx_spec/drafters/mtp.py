@@ -386,8 +386,8 @@ class MTPDrafter:
         first = mx.array([c.tokens[-1] for c in ctxs])
         embed = self.head.embed_tokens if "embed_tokens" in self.head else self.target.embed
 
-        def step(x: mx.array | None) -> mx.array:
-            nonlocal h, pos
+        def step(x: mx.array | None, live: list[bool]) -> mx.array:
+            nonlocal h, pos  # (no cache of its own: done rows ride along, unread)
             if x is None:
                 x = first
             else:

@@ -1,88 +1,37 @@
 """Several conversations' verify passes as ONE target forward (the server's batch).
 
 Each conversation keeps its own caches; for the one pass, layer i of every row is seen through
-a `RowsCache`: it appends each row's own new keys and values to that row's cache (only its real
-tokens: a row shorter than the batch is padded with inputs whose keys go nowhere), and hands
-the attention the rows' keys side by side, right-padded to the longest, with a mask that gives
-each row its own causal (or windowed) view and never a padded key. RoPE takes each row's own
-offset. So every row's logits are those of its conversation verified alone (up to the batched
-kernels' rounding), and after the pass each conversation's caches are as its own verify would
-leave them: commit and rollback stay per conversation, ragged (each keeps its own prefix).
+a `RowsCache` (rows.py): each row's new keys go to its own cache, the attention sees each row's
+own keys, masked, and RoPE takes each row's own offset. So every row's logits are those of its
+conversation verified alone (up to the batched kernels' rounding), and after the pass each
+conversation's caches are as its own verify would leave them: commit and rollback stay per
+conversation, ragged (each keeps its own prefix).
 
 Recurrent layers (Gated DeltaNet) batch through recurrent.RowsRecurrent: padded steps are masked
 out of the recurrence, and each row records its own update (its replay over its own inputs),
 so rollback stays per conversation too. Quantized KV verifies one conversation at a time.
 
 The drafts before that pass batch too where the drafter can (`draft_together`): a shared-kv MTP
-head runs each draft step once over every row instead of once per row.
+head or a draft model runs each draft step once over every row instead of once per row.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from ..cache import WindowKVCache
 from ..drafters import Draft
-from ..recurrent import RecurrentCache, RowsRecurrent
+from ..recurrent import RecurrentCache
+from ..rows import rows_of
 
 if TYPE_CHECKING:
     from .conversation import Conversation
     from .turn import Drafting
 
 Verified = tuple[mx.array, mx.array | None]  # a round's logits [k+1, V], hidden [k+1, ·]
-
-
-class RowsCache:
-    """Layer i's caches of B conversations as one batch cache, for a single forward."""
-
-    def __init__(self, caches: list[Any], lengths: list[int]):
-        self.caches, self.lengths = caches, lengths
-        self.width = max(lengths)
-
-    @property
-    def offset(self) -> mx.array:
-        """Each row's position of its first new token (RoPE per row)."""
-        return mx.array([c.offset for c in self.caches])
-
-    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
-        """[B, 1, N, keys]: row r's own mask over its real queries (a padded query repeats
-        the row's last), False on the padded keys."""
-        rows = []
-        for c, q in zip(self.caches, self.lengths, strict=True):
-            m = c.make_mask(q, return_array=True, window_size=window_size)
-            keys = _keys_after(c, q)
-            m = mx.ones((q, keys), mx.bool_) if m is None else m.astype(mx.bool_)
-            m = mx.broadcast_to(m, (q, keys))
-            if q < N:
-                m = mx.concatenate([m, mx.repeat(m[-1:], N - q, axis=0)])
-            rows.append(m)
-        width = max(r.shape[1] for r in rows)
-        return mx.stack([mx.pad(r, [(0, 0), (0, width - r.shape[1])], constant_values=False)
-                         for r in rows])[:, None]
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
-        """Append row r's first lengths[r] keys/values to its cache; return all rows' stored
-        keys/values [B, H, width, D], right-padded with zeros (masked out)."""
-        ks, vs = [], []
-        for r, (c, q) in enumerate(zip(self.caches, self.lengths, strict=True)):
-            k, v = c.update_and_fetch(keys[r : r + 1, :, :q], values[r : r + 1, :, :q])
-            ks.append(k)
-            vs.append(v)
-        width = max(k.shape[2] for k in ks)
-
-        def pad(x):
-            return mx.pad(x, [(0, 0), (0, 0), (0, width - x.shape[2]), (0, 0)])
-
-        return mx.concatenate([pad(k) for k in ks]), mx.concatenate([pad(v) for v in vs])
-
-
-def _keys_after(cache: Any, q: int) -> int:
-    """How many keys the cache hands the attention once q more are appended."""
-    stored = cache.stored if isinstance(cache, WindowKVCache) else cache.offset
-    return stored + q
 
 
 def batchable(convs: list[Conversation]) -> bool:
@@ -93,13 +42,6 @@ def batchable(convs: list[Conversation]) -> bool:
                and all(type(x) in (KVCache, WindowKVCache)
                        or (type(x) is RecurrentCache and x.rollback) for x in c.cache)
                for c in convs)
-
-
-def rows_of(caches: list[Any], lengths: list[int]) -> RowsCache | RowsRecurrent:
-    """Layer i of every row, as the batch cache of its kind."""
-    if isinstance(caches[0], RecurrentCache):
-        return RowsRecurrent(caches, lengths)
-    return RowsCache(caches, lengths)
 
 
 def verify_together(rounds: list[tuple[Conversation, Draft]]) -> list[Verified]:
