@@ -192,3 +192,27 @@ def test_auto_drafts_as_the_batch_pays_and_stays_greedy_identical(engines, monke
         want = [e.token for e in Engine(base.target, base.tokenizer, None).conversation()
                 .generate(prompt, max_tokens=16) if isinstance(e, TokenEvent)]
         assert_same_or_near_tie(engine.target, prompt, tokens, want)
+
+
+def test_a_batched_draft_that_fails_leaves_each_request_to_draft_alone(engines, monkeypatch):
+    """draft_together raising after a draft model took the batch's steps (its caches hold
+    them): every request drafts alone from its committed state, and each answer is still the
+    one it gets alone (the failed try drew from copies of the samplers, so seeded ones too)."""
+    import copy
+    from dataclasses import replace
+
+    from mlx_spec.serve import scheduler as sched
+
+    failed = []
+
+    def broken(rounds):
+        real([replace(r, sampler=copy.deepcopy(r.sampler)) for r in rounds])
+        if len(rounds) > 1 and not failed:
+            failed.append(len(rounds))
+            raise RuntimeError("a batched draft failed")
+        return real(rounds)
+
+    real = sched.draft_together
+    monkeypatch.setattr(sched, "draft_together", broken)
+    test_four_streams_with_each_drafter_equal_their_request_alone(engines, "draft")
+    assert failed

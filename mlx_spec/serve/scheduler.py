@@ -184,6 +184,10 @@ class Scheduler:
             drafts: list[Draft | None] = list(draft_together([run.item for run in rounds]))
         except Exception:  # noqa: BLE001 - each drafts alone: an error reaches its own job
             drafts = [None] * len(rounds)
+            for run in rounds:  # back to the committed sequence (a draft model may have
+                conv = run.item.conv  # taken some of the batch's steps)
+                conv.drafter.commit(conv.drafter_state, conv.draft_context(),
+                                    len(conv.tokens) - 1)
         for run, draft in zip(rounds, drafts, strict=True):
             run.reply = draft
 
