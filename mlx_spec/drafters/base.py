@@ -108,17 +108,11 @@ def draft_chain(step, first_input, ctx: DraftContext, k: int, sampler: Sampler, 
     """k autoregressive draft steps: step(input) -> next-token logits [V]; each sampled token is
     the next input. Tokens stay lazy on the device (no host sync at all: the verify pass reads
     them there); a repetition penalty reads the drafts so far there too."""
-    seen = _history(ctx, sampler)
-    x, tokens, probs = first_input, [], []
-    for _ in range(k):
-        token, q = sampler.draft_token(step(x), seen)
-        if sampler.uses_history:
-            seen = mx.concatenate([seen, token.reshape(1).astype(mx.int32)])
-        tokens.append(token)
-        if q is not None:
-            probs.append(q)
-        x = token.reshape(1)
-    return Draft(mx.stack(tokens).astype(mx.int32), mx.stack(probs) if probs else None, fed)
+    def one_row(x: mx.array | None, live: list[bool]) -> mx.array:
+        return step(first_input if x is None else x)[None]
+
+    (draft,) = draft_rows_chain(one_row, [ctx], [k], [sampler])
+    return Draft(draft.tokens, draft.probs, fed)
 
 
 def draft_rows_chain(step, ctxs: list[DraftContext], ks: list[int],

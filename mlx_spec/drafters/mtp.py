@@ -250,9 +250,10 @@ class MTPDrafter:
                                  else len(ctx.tokens) - 2)
 
     def _embed(self, tokens: list[int] | mx.array, position: int = -1) -> mx.array:
+        """Embeddings [1, n, ·] of a row of n tokens; [B, n, ·] of tokens given as [B, n]."""
         x = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
         embed = self.head.embed_tokens if "embed_tokens" in self.head else self.target.embed
-        e = embed(x.reshape(1, -1)) * self.cfg.embed_scale
+        e = embed(x if x.ndim == 2 else x.reshape(1, -1)) * self.cfg.embed_scale
         if position == 0 and self.cfg.zero_first_embedding:
             e = mx.concatenate([mx.zeros_like(e[:, :1]), e[:, 1:]], axis=1)
         return e
@@ -334,7 +335,6 @@ class MTPDrafter:
                             for s, c in zip(states, ctxs, strict=True)])
         pos = mx.array([len(c.tokens) - 1 for c in ctxs])
         first = mx.array([c.tokens[-1] for c in ctxs])
-        embed = self.head.embed_tokens if "embed_tokens" in self.head else self.target.embed
 
         def step(x: mx.array | None, live: list[bool]) -> mx.array:
             nonlocal h, pos  # (no cache of its own: done rows ride along, unread)
@@ -342,7 +342,7 @@ class MTPDrafter:
                 x = first
             else:
                 pos = pos + 1
-            emb = embed(x.reshape(-1, 1)) * self.cfg.embed_scale
+            emb = self._embed(x.reshape(-1, 1))
             h = self.head(emb, h, keys, values, self.rope, pos, mask=mask)[:, -1:]
             return self._logits(h)[:, -1]
 
