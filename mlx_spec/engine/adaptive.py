@@ -94,6 +94,7 @@ class AdaptiveDraftLength:
         # the most drafts the batch this round verifies in allows (BatchDraftLength; None:
         # verified alone, so nothing but this policy decides)
         self.cap: int | None = None
+        self.batched = False  # the last choice was made under a cap (its round is batched)
         if not measured:
             self.opening()
 
@@ -173,11 +174,15 @@ class AdaptiveDraftLength:
         return self.expected_tokens(k) / self.round_cost(k)
 
     def choose(self, limit: int | None = None) -> int:
-        if self.cap == 0:  # the batch says plain: no probe either (it would widen every row's
-            return 0  # pass), this policy's state kept for when the cap lifts
         top = self.k_max if limit is None else min(self.k_max, limit)
+        self.batched = self.cap is not None
         if self.cap is not None:
-            top = min(top, self.cap)
+            # in a batch the batch has priced the cycle (BatchDraftLength: its pass, every
+            # row's drafting, every row's acceptance): this row drafts up to the cap, as deep
+            # as its evidence reaches; its own costs are a lone row's and stay untouched, its
+            # on/off state kept for when it is alone again. A cap of 0: plain, no probe (it
+            # would widen every row's pass)
+            return min(top, self.cap, self.reach())
         cost = self.round_costs(top)
         alphas = self.alphas()
         expected = self._expected(alphas)
@@ -204,11 +209,7 @@ class AdaptiveDraftLength:
                                              math.ceil(loss / self.probe_budget)), most)
                 return 1
             return 0
-        # climb one depth at a time: a k past the measured depths (plus one) is an estimate
-        # built on estimates, so one lucky round cannot send k from 3 to 7
-        measured = next((i for i, s in enumerate(self.seen) if s < 1.0), self.k_max)
-        reach = min(top, measured + 1)
-        best = max(range(1, reach + 1), key=lambda k: expected[k] / cost[k])
+        best = max(range(1, min(top, self.reach()) + 1), key=lambda k: expected[k] / cost[k])
         self.on = True
         if self.rounds_off or self.probe_gap != self.probe_every:
             self.rounds_off, self.probe_gap = 0, self.probe_every  # on again: probes reset
@@ -236,9 +237,19 @@ class AdaptiveDraftLength:
             return best + 1
         return best
 
+    def reach(self) -> int:
+        """The deepest k to draft now: one past the deepest position measured. A climb goes
+        one depth at a time: a k past the measured depths (plus one) is an estimate built on
+        estimates, so one lucky round cannot send k from 3 to 7."""
+        measured = next((i for i, s in enumerate(self.seen) if s < 1.0), self.k_max)
+        return min(self.k_max, measured + 1)
+
     def split(self) -> bool:
         """Should this drafting round be timed in parts (the draft synced before the verify)?
-        The first few, then one in `split_every`: d and r stay measured, the rest run fused."""
+        The first few, then one in `split_every`: d and r stay measured, the rest run fused.
+        Never in a batch: its times are the batch's, not this row's (see observe)."""
+        if self.batched:
+            return False
         self.rounds_drafted += 1
         return self.rounds_drafted <= 3 or self.rounds_drafted % self.split_every == 0
 
@@ -248,7 +259,11 @@ class AdaptiveDraftLength:
         """A round drafted k tokens, the target accepted n; its timings, and how many tokens
         the drafter was fed before drafting (its catch-up). A round that ran draft and verify
         as one device graph (one host sync) has only its round time: then draft_seconds and
-        verify_seconds are None, and it refines the fixed cost o and the fitted line."""
+        verify_seconds are None, and it refines the fixed cost o and the fitted line.
+        A round verified in a batch (chosen under a cap) teaches acceptance only: its times
+        are the whole batch's cycle, the batch's own fit (BatchDraftLength) learns from them."""
+        if self.batched:
+            draft_seconds = verify_seconds = round_seconds = None
         if verify_seconds is not None and verify_seconds > 0:
             ratio = verify_seconds / self.costs[k]
             if not self.measured and not self.scaled:  # a prior's scale: replace it
@@ -298,7 +313,7 @@ class AdaptiveDraftLength:
         run's last token reads as free, so per-token times of short runs (the plain probes
         while speculation is on) read ~(m − 2)/(m − 1) of the real cost, and a 4-token probe
         made plain decoding look 1.5× cheaper."""
-        if tokens <= 0:
+        if tokens <= 0 or self.batched:  # a batch's plain cycles: the batch's time
             return
         self.opening_due = False  # T(0) is measured now
         if not self.plain_timed and not self.measured:  # a prior's scale: replace it

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from .adaptive import AdaptiveDraftLength
 
 
+OPENING_DRAFTED = 2  # cycles each batch size drafts (k >= 1) after its plain one, whatever b0
+
+
 class BatchDraftLength:
     """The most drafts a row may make in a cycle that verifies B >= 2 conversations in ONE
     target pass (the server's scheduler; alone, a policy is uncapped).
@@ -26,26 +29,31 @@ class BatchDraftLength:
         T_B(k) = H + k·Σ_r d_r + V(B·(k+1))        (V(q): a pass over q tokens)
 
     and emits N_B(k) = Σ_r E_r(k) tokens, E_r from row r's own acceptance estimates (the
-    policy's expectation, `AdaptiveDraftLength.expected`); N_B(0) = B: every row plain, the
-    batch's B tokens at the cost of a B-token pass. The cap is argmax_k N_B(k) / T_B(k): k = 0,
-    speculation off for the cycle, wherever no common k beats plain decoding in tokens/second.
+    policy's expectation, `AdaptiveDraftLength.expected`, at most as deep as the row's
+    evidence reaches); N_B(0) = B: every row plain, the batch's B tokens at the cost of a
+    B-token pass. The cap is argmax_k N_B(k) / T_B(k): k = 0, speculation off for the cycle,
+    wherever no common k beats plain decoding in tokens/second.
 
     One k for all rows, not one per row: with right-padding a row drafting less than the
-    widest saves only its own drafting time. Each row drafts min(its own choice, cap), so its
-    climbs, probes and plain probes still run below the cap; a row whose own policy is off
-    counts as plain (one token, no drafting). B = 1 is no cap: the policy alone, as it was.
+    widest saves only its own drafting time. In a batch the cap is the decision: each row
+    drafts min(cap, its reach), and its own policy learns acceptance from the round but not
+    costs (a row's round takes the whole cycle: priced as one row's, a batch of rows that each
+    pays would read as each losing, and every row would turn itself off). B = 1 is no cap:
+    the policy alone, as it was.
 
     T_B is measured, not assumed. Each batch size B opens with a plain cycle, which times
-    T_B(0) itself; from then on T_B is a line a + b·k by least squares over the cycles timed
-    at that size (forgetting `keep` per cycle), its slope shrunk toward the model's
+    T_B(0) itself, then OPENING_DRAFTED cycles that draft (at least one each), so the line
+    has a measured slope before b0 can keep speculation off; from then on T_B is a line
+    a + b·k by least squares over the cycles timed at that size (forgetting `keep` per
+    cycle), its slope shrunk toward the model's
     b0 = Σ_r d_r + B·s with weight `slope_weight` (s: the calibrated c's slope per token, so
     b0 extrapolates the one-row line c(1) + s·(q − 1) past its table, q ≤ k_max + 1). Where
     the pass turns compute-bound its slope grows past b0, and the cycles drafted at that size
     correct it. Cycles all at one k would leave the slope at b0, so now and then a cycle runs
-    one draft below the best, as rarely as keeps its loss (1 − rate(k−1)/rate(k) of a cycle,
-    as estimated) within `probe_budget` of the cycles between (at most one in
-    `explore_every`); as the drafted cycles' evidence fades, b0 regains its weight, so a batch
-    size where speculation was off tries it again now and then."""
+    one draft below the best (k = 1 where the best is 0: b0 can read too steep, the pass of
+    B·(k+1) tokens on a CPU costing far less than B times one row's slope), as rarely as keeps
+    its loss (1 − rate(other)/rate(best) of a cycle, as estimated) within `probe_budget` of
+    the cycles between (at most one in `explore_every`)."""
 
     def __init__(self, *, keep: float = 0.99, slope_weight: float = 0.5,
                  explore_every: int = 8, probe_budget: float = 0.01):
@@ -53,6 +61,7 @@ class BatchDraftLength:
         self.explore_every, self.probe_budget = explore_every, probe_budget
         self.fits: dict[int, list[float]] = {}  # B → Σw, Σw·k, Σw·k², Σw·t, Σw·k·t
         self.since_probe = 0  # cycles since one ran below the best
+        self.drafted: dict[int, int] = {}  # B → cycles timed at that size with drafts
 
     def cap(self, policies: Sequence[AdaptiveDraftLength],
             verify_costs: Sequence[float]) -> int | None:
@@ -64,16 +73,22 @@ class BatchDraftLength:
             return 0  # a batch size's first cycle: plain, its time is T_B(0)
         top = min(p.k_max for p in policies)
         tokens = self.expected_tokens(policies, top)
-        drafting = sum(p.draft_cost for p in policies if p.on)
+        drafting = sum(p.draft_cost for p in policies)
         seconds = self.cycle_costs(len(policies), top, drafting, verify_costs)
         rate = [n / t for n, t in zip(tokens, seconds, strict=True)]
-        return self.explore(max(range(top + 1), key=rate.__getitem__), rate)
+        best = max(range(top + 1), key=rate.__getitem__)
+        if self.drafted.get(len(policies), 0) < OPENING_DRAFTED and top:
+            return max(best, 1)  # a new size's slope is b0 alone: measure it at once
+        return self.explore(best, rate)
 
     @staticmethod
     def expected_tokens(policies: Sequence[AdaptiveDraftLength], top: int) -> list[float]:
-        """N_B(k) = Σ_r E_r(k) for k = 0..top; a row whose own policy is off adds 1."""
-        rows = [p.expected()[: top + 1] if p.on else [1.0] * (top + 1) for p in policies]
-        return [sum(col) for col in zip(*rows, strict=True)]
+        """N_B(k) = Σ_r E_r(min(k, reach_r)) for k = 0..top: under the cap each row drafts
+        as deep as its evidence reaches (AdaptiveDraftLength.reach)."""
+        rows = [p.expected() for p in policies]
+        reach = [p.reach() for p in policies]
+        return [sum(e[min(k, m)] for e, m in zip(rows, reach, strict=True))
+                for k in range(top + 1)]
 
     def cycle_costs(self, rows: int, top: int, drafting: float,
                     verify_costs: Sequence[float]) -> list[float]:
@@ -85,19 +100,23 @@ class BatchDraftLength:
         return [max(a + b * k, 1e-6) for k in range(top + 1)]
 
     def explore(self, best: int, rate: Sequence[float]) -> int:
-        """best, or now and then best − 1 (see the class: the line's slope needs two k's)."""
-        if best == 0:
-            return 0
+        """best, or now and then its neighbour (see the class: the line's slope needs two
+        k's): best − 1, or k = 1 where speculation is off (else a slope the model's b0 set
+        too steep would keep it off for good)."""
+        if len(rate) < 2:
+            return best
         self.since_probe += 1
-        loss = max(0.0, 1 - rate[best - 1] / rate[best])
+        other = best - 1 if best else 1
+        loss = max(0.0, 1 - rate[other] / rate[best])
         if self.since_probe >= max(self.explore_every, math.ceil(loss / self.probe_budget)):
             self.since_probe = 0
-            return best - 1
+            return other
         return best
 
     def observe(self, rows: int, k: int, seconds: float) -> None:
         """A cycle verified `rows` rows, the widest with k drafts, in `seconds` (its drafting,
         host work and pass: the pass synced inside it)."""
+        self.drafted[rows] = self.drafted.get(rows, 0) + (k > 0)
         fit = self.fits.get(rows, [0.0] * 5)
         self.fits[rows] = [self.keep * f + x
                            for f, x in zip(fit, (1.0, k, k * k, seconds, k * seconds),
