@@ -5,10 +5,12 @@ accepted given drafts 1..i-1 were; the +1 is the target's own token) and costs T
 picks argmax_k E(k) / T(k), with k = 0 (plain decoding, E = 1, T(0) = r0·p) when speculation
 cannot pay. T(k) = o + k·d + r·c(k+1) from the calibrated verify costs c(q) until fused rounds
 have run, then r times a least-squares line a + b·k through their times (with forgetting), its
-slope shrunk toward the model's. o, d, r and r0 are fitted online: d and r from the rounds
-timed in parts (`split()`), r0 from whole plain runs (`observe_plain`). On a prior (costs not
-calibrated on this target), r·c(q) is the line fitted to those rounds' own verify passes once
-two lengths q have been timed (`_learn_shape`): the prior's scale and shape both give way.
+slope shrunk toward the model's, each k's own timed mean shrunk toward that line (a round's
+cost on a CPU steps where kernel shapes change; costs.on_the_line). o, d, r and r0 are fitted
+online: d and r from the rounds timed in parts (`split()`), r0 from whole plain runs
+(`observe_plain`). On a prior (costs not calibrated on this target), r·c(q) is the line fitted
+to those rounds' own verify passes once two lengths q have been timed (`_learn_shape`): the
+prior's scale and shape both give way.
 
 Each α_i is shrunk toward its neighbour (α_1 toward the drafter's long-run record); the on/off
 decision reads them one standard error high while speculation is on and as estimated while it
@@ -27,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .costs import shrunk_line
+from .costs import on_the_line, remember, shrunk_line
 
 OPENING_PLAIN = 2  # plain tokens a policy on a prior opens with (see AdaptiveDraftLength.opening)
 # ... owed until speculation's lead would hold even if plain decoding cost this share of its
@@ -46,7 +48,7 @@ class AdaptiveDraftLength:
                  split_every: int = 8, plain_every: int = 32, plain_probe: int = 4,
                  optimism: float = 1.0, probe_budget: float = 0.01, fit_keep: float = 0.97,
                  slope_weight: float = 4.0, shape_weight: float = 0.5,
-                 long_keep: float = 0.99, measured: bool = True):
+                 long_keep: float = 0.99, table_weight: float = 8.0, measured: bool = True):
         """measured: False when the costs are a prior (not calibrated on this target): then the
         policy opens with rounds timed in parts, whose verify passes replace the prior's scale
         and, once two lengths are timed, its shape (see `_learn_shape`), and a short plain run
@@ -74,6 +76,9 @@ class AdaptiveDraftLength:
         # the fused rounds' times at r = 1 against k, forgetting `fit_keep` per round: the sums
         # Σw, Σw·k, Σw·k², Σw·t, Σw·k·t of a weighted least-squares line (see fitted_line)
         self.fit = [0.0] * 5
+        # the same rounds' (Σw, Σw·t) at each k, for the k's the line misprices (on_the_line)
+        self.timed = [[0.0, 0.0] for _ in range(self.k_max + 1)]
+        self.table_weight = table_weight
         self.fit_keep, self.slope_weight = fit_keep, slope_weight
         # p: plain decoding's calibrated seconds per token; pipelined, it cannot cost more than
         # a synced one-token pass, so a timing disturbed upward is capped at c(1)
@@ -151,12 +156,14 @@ class AdaptiveDraftLength:
         return self.round_costs(k)[k]
 
     def round_costs(self, top: int) -> list[float]:
-        """T(k) for k = 0..top, the line solved once."""
+        """T(k) for k = 0..top, the line solved once; each k's timed mean shrunk toward it."""
         plain = self.plain_drift * self.plain_cost
         if self.fit[0] <= 0.0:
             return [plain] + [self.model_cost(k) for k in range(1, top + 1)]
         a, b = self.fitted_line()
-        return [plain] + [max(self.slowdown * (a + b * k), 1e-6) for k in range(1, top + 1)]
+        line = [a + b * k for k in range(top + 1)]
+        own = on_the_line(line, self.timed[: top + 1], self.table_weight)
+        return [plain] + [max(self.slowdown * t, 1e-6) for t in own[1:]]
 
     def fitted_line(self) -> tuple[float, float]:
         """(a, b) of T(k)/r = a + b·k: least squares over the fused rounds' times, the slope
@@ -289,6 +296,7 @@ class AdaptiveDraftLength:
                 t = round_seconds / self.slowdown
                 self.fit = [self.fit_keep * f + x
                             for f, x in zip(self.fit, (1.0, k, k * k, t, k * t), strict=True)]
+                remember(self.timed, k, t, self.fit_keep)
         if k == 0:
             return
         # evidence ages with the text, by the round's tokens, at every position, tested or
@@ -396,6 +404,7 @@ class AdaptiveDraftLength:
         self.slowdown = self.plain_drift = 1.0
         self.r_timed = False
         self.fit, self.overhead, self.rounds_drafted = [0.0] * 5, 0.0, 0
+        self.timed = [[0.0, 0.0] for _ in range(self.k_max + 1)]
         self.shape = [0.0] * 5
         self.draft_cost = 0.1 * self.costs[0]
         self.measured, self.plain_timed = True, False

@@ -124,3 +124,23 @@ def shrunk_line(sums: Sequence[float], b0: float, weight: float) -> tuple[float,
     spread, cov = sxx - w * xbar**2, sxt - w * xbar * tbar  # Σw(x − x̄)², Σw(x − x̄)(t − t̄)
     b = max((cov + weight * b0) / (spread + weight), 0.0)
     return tbar - b * xbar, b
+
+
+def remember(table: list[list[float]], k: int, seconds: float, keep: float) -> None:
+    """A round (or cycle) at k took `seconds`: every k's (Σw, Σw·t) forgets `keep`, k's gains
+    it (see `on_the_line`)."""
+    for row in table:
+        row[0], row[1] = keep * row[0], keep * row[1]
+    table[k][0] += 1.0
+    table[k][1] += seconds
+
+
+def on_the_line(line: Sequence[float], table: Sequence[Sequence[float]],
+                weight: float) -> list[float]:
+    """Each k's cost: its own timed mean (Σw·t / Σw) shrunk toward the fitted line's value
+    with `weight` (in rounds). The line carries the k's not timed lately and the slope the
+    choice climbs by; the means keep what a line cannot follow. On a CPU a round's cost steps
+    where the kernels' shapes change (the demo target: ~5.3 / 5.1 / 6.0 / 8.1 / 8.2 / 12 ms
+    at k = 1..6), and a line through such steps overprices the k's below a step: it read
+    k = 3 at 7–10.7 ms where rounds at 3 ran 5.9–7.2."""
+    return [(s + weight * v) / (w + weight) for v, (w, s) in zip(line, table, strict=True)]
