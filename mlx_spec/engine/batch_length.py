@@ -63,7 +63,7 @@ class BatchDraftLength:
         self.explore_every, self.probe_budget = explore_every, probe_budget
         self.fits: dict[int, list[float]] = {}  # B → Σw, Σw·k, Σw·k², Σw·t, Σw·k·t
         self.since_probe = 0  # cycles since one ran below the best
-        self.drafted: dict[int, int] = {}  # B → cycles timed at that size with drafts
+        self.opened: dict[int, int] = {}  # B → drafted cycles its opening has issued
         self.timed: dict[int, list[list[float]]] = {}  # B → each k's (Σw, Σw·t)
         self.table_weight = table_weight
 
@@ -81,8 +81,10 @@ class BatchDraftLength:
         seconds = self.cycle_costs(len(policies), top, drafting, verify_costs)
         rate = [n / t for n, t in zip(tokens, seconds, strict=True)]
         best = max(range(top + 1), key=rate.__getitem__)
-        if self.drafted.get(len(policies), 0) < OPENING_DRAFTED and top:
-            return max(best, 1)  # a new size's slope is b0 alone: measure it at once
+        opened = self.opened.get(len(policies), 0)
+        if opened < OPENING_DRAFTED and top:  # a new size's slope is b0 alone: time drafts
+            self.opened[len(policies)] = opened + 1  # at once (issued, so a busy server
+            return max(best, 1)  # whose cycles go untimed cannot stay in its opening)
         return self.explore(best, rate)
 
     @staticmethod
@@ -123,7 +125,6 @@ class BatchDraftLength:
     def observe(self, rows: int, k: int, seconds: float) -> None:
         """A cycle verified `rows` rows, the widest with k drafts, in `seconds` (its drafting,
         host work and pass: the pass synced inside it)."""
-        self.drafted[rows] = self.drafted.get(rows, 0) + (k > 0)
         table = self.timed.setdefault(rows, [])
         table += [[0.0, 0.0] for _ in range(k + 1 - len(table))]
         remember(table, k, seconds, self.keep)
