@@ -432,13 +432,13 @@ def test_a_batch_of_one_is_not_capped_and_chooses_as_alone():
             p.observe(k, n, draft_seconds=0.02 * k, round_seconds=1.0 + 0.05 * k)
 
 
-def serve_cycles(policies, batch, cycle_seconds, cycles, rng):
-    """Cycles as the scheduler runs them: the cap, each row's choice under it, the cycle timed
-    by cycle_seconds(B, widest k) and observed; every draft accepted with probability 0.7.
-    Returns the caps."""
+def serve_cycles(policies, batch, cycle_seconds, cycles, rng, costs=MEMORY_BOUND):
+    """Cycles as the scheduler runs them: the cap (the calibrated one-row costs: `costs`), each
+    row's choice under it, the cycle timed by cycle_seconds(B, widest k) and observed; every
+    draft accepted with probability 0.7. Returns the caps."""
     caps = []
     for _ in range(cycles):
-        cap = batch.cap(policies, MEMORY_BOUND)
+        cap = batch.cap(policies, costs)
         caps.append(cap)
         ks = []
         for p in policies:
@@ -504,21 +504,8 @@ def test_a_batch_whose_model_reads_too_steep_finds_that_drafting_pays():
     rng = random.Random(3)
     steep = [1.0 + 0.3 * q for q in range(9)]
     policies = [AdaptiveDraftLength(steep, draft_cost=0.01) for _ in range(4)]
-    batch = BatchDraftLength()
-    caps = []
-    for _ in range(300):
-        cap = batch.cap(policies, steep)
-        caps.append(cap)
-        ks = []
-        for p in policies:
-            p.cap = cap
-            ks.append(p.choose())
-        batch.observe(4, max(ks), 1.0 + 0.01 * max(ks))
-        for p, k in zip(policies, ks, strict=True):
-            n = 0
-            while n < k and rng.random() < 0.7:
-                n += 1
-            p.observe(k, n, round_seconds=1.0) if k else p.observe_plain(1.0)
+    caps = serve_cycles(policies, BatchDraftLength(), lambda b, k: 1.0 + 0.01 * k, 300, rng,
+                        costs=steep)
     fresh = BatchDraftLength()  # the model's b0 alone, after the plain cycle, says off
     fresh.observe(4, 0, 1.0)
     rows = [AdaptiveDraftLength(steep, draft_cost=0.01) for _ in range(4)]
