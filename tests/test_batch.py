@@ -20,7 +20,7 @@ from test_engine_sampling import (
 
 from mlx_spec.drafters import DraftModelDrafter
 from mlx_spec.engine import Engine
-from mlx_spec.engine.batch import batchable, draft_together, verify_together
+from mlx_spec.engine.batch import batchable, draft_together, prefill_together, verify_together
 from mlx_spec.engine.turn import Drafting, Pause, Verify
 from mlx_spec.events import TurnEnd
 from mlx_spec.loading import load_target, make_drafter
@@ -293,6 +293,48 @@ def test_a_long_prefill_lets_running_rounds_through(load, monkeypatch):
     assert sizes[:6] == [1] * 6 and max(sizes) == 2  # its rounds ran during the long prefill
     for got, want in zip(ends, alone, strict=True):
         assert got.tokens == want.tokens
+
+
+def prefilled_together(turns):
+    """Advance the turns through their prompts, each step's chunks of all turns still
+    prefilling in one pass (prefill_together, as the server runs them). Returns the turns
+    from their first item after the prompt, and the rows of every prefill pass."""
+    items, sizes = [next(t) for t in turns], []
+    while paused := [i for i, item in enumerate(items) if isinstance(item, Pause)]:
+        done = prefill_together([items[i] for i in paused])
+        assert all(d is not None for d in done)  # they batch
+        sizes.append(len(paused))
+        for i, d in zip(paused, done, strict=True):
+            items[i] = turns[i].send(d)
+    return [_resumed(t, item) for t, item in zip(turns, items, strict=True)], sizes
+
+
+@pytest.mark.parametrize("which", ["shared-kv", "draft", "qwen3_5"])
+def test_prompts_that_arrive_together_prefill_in_one_pass(load, hybrid, monkeypatch, which):
+    """Four prompts of different lengths (1 to 3 chunks of 8) prefilled together, ragged, each
+    step's chunks in one target pass: every cache (KV, a hybrid's recurrent state, the
+    drafter's own: an MTP head's copy of the hidden states, a draft model's cache) equals a
+    recompute of its committed sequence after every round, and each turn's tokens equal its
+    turn alone."""
+    from mlx_spec.engine import conversation as conversation_module
+
+    monkeypatch.setattr(conversation_module, "PREFILL_CHUNK", 8)
+    if which == "qwen3_5":
+        target, tok, drafter = hybrid(which)
+    else:
+        target, tok = load("qwen3")
+        drafter = drafter_of(which, target, load)
+    engine = Engine(target, tok, drafter, draft_length=3)
+    prompts = [(OTHER * 3)[:22], PROMPT[:7], (PROMPT * 3)[:19], [7] * 12]
+    alone = [run(engine.conversation(), prompt=p, max_tokens=16)[0] for p in prompts]
+    convs = [engine.conversation() for _ in prompts]
+    for c in convs:
+        checked(c)
+    turns, sizes = prefilled_together(turns_of(convs, prompts, max_tokens=16))
+    assert sizes == [4, 3, 2]  # chunks of 8 of 21, 6, 18 and 11 tokens before the pending one
+    ends, _ = lockstep(turns)
+    for prompt, got, want in zip(prompts, ends, alone, strict=True):
+        assert_same_or_near_tie(target, prompt, list(got.tokens), list(want.tokens))
 
 
 def _resumed(turn, item):

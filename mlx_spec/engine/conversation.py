@@ -27,8 +27,8 @@ from ..events import Event
 from ..sampling import Sampler, SamplingConfig, Tokens
 from ..spec import DraftLength, auto_ceiling, check_draft_length, max_draft_for
 from .adaptive import AdaptiveDraftLength
-from .batch import Verified
-from .turn import Drafting, Pause, Verify, play
+from .batch import Prefilled
+from .turn import Drafting, Pause, Reply, Verify, play
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -135,13 +135,15 @@ class Conversation:
         chunks = self.prefill_chunks(prompt)
         while True:
             try:
-                next(chunks)
+                next(chunks)  # each chunk runs alone
             except StopIteration as done:
                 return done.value
 
-    def prefill_chunks(self, prompt: list[int]) -> Generator[int, None, int]:
-        """`prefill`, yielding after each chunk (its token count), so a driver of several
-        conversations can run others' rounds between them; returns the reused count."""
+    def prefill_chunks(self, prompt: list[int]) -> Generator[Pause, Prefilled | None, int]:
+        """`prefill`, yielding a Pause before each chunk, so a driver of several
+        conversations can run others' rounds between them, or run this chunk together with
+        theirs (batch.prefill_together) and send back its Prefilled; sent None, the chunk
+        runs alone (prefill_chunk). Returns the reused count."""
         reuse = min(_common_prefix(self.tokens, prompt), len(prompt) - 1, self.cached)
         want_hidden = self.wants_hidden
         # a hidden-state drafter next reads the row of the last reused position (the one that
@@ -157,17 +159,27 @@ class Conversation:
         hidden = []
         for i in range(start, len(prompt) - 1, PREFILL_CHUNK):
             chunk = prompt[i : min(i + PREFILL_CHUNK, len(prompt) - 1)]
-            _, h = self.target.forward(chunk, self.cache, hidden=want_hidden)
-            self.cached += len(chunk)
-            self.target.trim(self.cache, self.cached, have=self.cached)  # seal: none taken back
-            mx.eval([c.state for c in self.cache] + ([h] if h is not None else []))
+            done = yield Pause(self, chunk)
+            h = done.hidden if done is not None else self.prefill_chunk(chunk, want_hidden)
             if h is not None:
                 hidden.append(h)
-            yield len(chunk)
         if self.drafter is not None:
             h = mx.concatenate(hidden) if hidden else None
             self.drafter.commit(self.drafter_state, self._context(h, start), reuse)
         return reuse
+
+    def prefill_chunk(self, chunk: list[int], hidden: bool | tuple[int, ...]) -> mx.array | None:
+        """One prompt chunk through the target alone; its hidden rows if wanted."""
+        _, h = self.target.forward(chunk, self.cache, hidden=hidden)
+        return self.prefilled(len(chunk), h)
+
+    def prefilled(self, fed: int, hidden: mx.array | None) -> mx.array | None:
+        """The cache took `fed` more prompt tokens (alone or in a batch's pass): sealed, none
+        to be taken back, and computed now."""
+        self.cached += fed
+        self.target.trim(self.cache, self.cached, have=self.cached)
+        mx.eval([c.state for c in self.cache] + ([hidden] if hidden is not None else []))
+        return hidden
 
     def draft(self, k: int, sampler: Sampler, *, split: bool = False) -> Draft:
         """Propose up to k tokens. They stay lazy: the device starts on them while the host
@@ -303,14 +315,14 @@ class Conversation:
     def steps(self, prompt: list[int], *, max_tokens: int = 256,
               sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
               ignore_eos: bool = False
-              ) -> Generator[Event | Drafting | Verify | Pause, Draft | Verified | None, None]:
+              ) -> Generator[Event | Drafting | Verify | Pause, Reply, None]:
         """`generate`, with each pass left to the caller: before it, a Verify is yielded;
         send back its (logits, hidden) from batch.verify_together (several conversations, one
         pass), or None (or iterate) to let it run alone. Likewise a Drafting before a round's
         drafts: send back its Draft from batch.draft_together, or None. Plain tokens
         (speculation off, or no drafter) come as rounds of no drafts, so they batch too (not
-        pipelined); a Pause after each prefill chunk lets the driver run other conversations in
-        between."""
+        pipelined); a Pause before each prefill chunk lets the driver run other conversations
+        in between, or this chunk with theirs (batch.prefill_together: send its Prefilled)."""
         return play(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
                     ignore_eos=ignore_eos, rounds_only=True)
 

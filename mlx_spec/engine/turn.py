@@ -26,7 +26,7 @@ from ..errors import MlxSpecError, PromptTooLongError
 from ..events import Event, Kind, TokenEvent, TurnEnd, TurnStats
 from ..sampling import Sampler, SamplingConfig
 from ..stats import Totals, quantiles
-from .batch import Verified
+from .batch import Prefilled, Verified
 from .schedule import End, Next, Plain, Schedule
 
 if TYPE_CHECKING:
@@ -60,10 +60,20 @@ class Drafting:
 
 @dataclass(frozen=True)
 class Pause:
-    """A prefill chunk is done (only `Conversation.steps` yields these): a driver of several
-    conversations may run the others' rounds before the next chunk."""
+    """A prefill chunk is next (only `Conversation.steps` yields these): a driver of several
+    conversations may run the others' rounds first, and may run this chunk in one pass with
+    other conversations' chunks (batch.prefill_together: reply its `Prefilled`); replied None,
+    the chunk runs alone."""
 
-    tokens: int
+    conv: Conversation
+    chunk: list[int]
+
+    @property
+    def tokens(self) -> int:
+        return len(self.chunk)
+
+
+Reply = Draft | Verified | Prefilled | None  # what a driver sends back into a turn
 
 
 @dataclass
@@ -84,7 +94,7 @@ class _Turn:
 def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
          sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
          ignore_eos: bool = False, rounds_only: bool = False
-         ) -> Generator[Event | Drafting | Verify | Pause, Draft | Verified | None, None]:
+         ) -> Generator[Event | Drafting | Verify | Pause, Reply, None]:
     """Conversation.steps (rounds_only: plain tokens too go through Verify, and the prefill
     pauses between chunks) / generate."""
     check_prompt(conv, prompt)
@@ -97,13 +107,14 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
     mx.reset_peak_memory()
     t0 = time.perf_counter()
     if rounds_only:
-        chunks = conv.prefill_chunks(prompt)
+        chunks, done = conv.prefill_chunks(prompt), None
         while True:
             try:
-                yield Pause(next(chunks))
-            except StopIteration as done:
-                reused = done.value
+                pause = chunks.send(done)
+            except StopIteration as end:
+                reused = end.value
                 break
+            done = yield pause
     else:
         reused = conv.prefill(prompt)
     prefill_s = time.perf_counter() - t0

@@ -7,7 +7,8 @@ over every waiting round (each row commits its own accepted prefix). Requests jo
 leave between cycles, so speculation stays on for each (its own drafter state, its own policy,
 its own random stream) while the verify is shared.
 
-A new request's prefill takes one chunk per cycle, so running streams keep flowing meanwhile.
+A new request's prefill takes one chunk per cycle, so running streams keep flowing meanwhile;
+the chunks of requests that arrived together run in one pass (`prefill_together`).
 
 The draft length knows the batch: before a cycle of two or more `auto` rows, the scheduler caps
 every row's k at the common k that maximises the batch's expected tokens per second, the cycle
@@ -32,7 +33,14 @@ import mlx.core as mx
 from ..drafters import Draft
 from ..engine import Engine
 from ..engine.adaptive import AdaptiveDraftLength
-from ..engine.batch import Verified, batchable, draft_together, verify_together
+from ..engine.batch import (
+    Prefilled,
+    Verified,
+    batchable,
+    draft_together,
+    prefill_together,
+    verify_together,
+)
 from ..engine.batch_length import BatchDraftLength
 from ..engine.conversation import Conversation
 from ..engine.turn import Drafting, Pause, Verify
@@ -172,6 +180,25 @@ class Scheduler:
                 # (not a cycle that ran a prefill chunk: a row without a round paused)
                 self.batch.observe(len(rounds), max(draft.k for _, draft in together),
                                    time.perf_counter() - start)
+        return self._prefill(running)
+
+    def _prefill(self, running: list[_Running]) -> list[_Running]:
+        """The paused requests' next prompt chunks, in one pass where they batch (else each
+        runs alone when its turn resumes). A failed pass ends those requests with its error
+        (their caches may hold part of it), never the others."""
+        paused = [run for run in running if isinstance(run.item, Pause)]
+        if len(paused) < 2:
+            return running
+        try:
+            done = prefill_together([run.item for run in paused])
+        except Exception as e:  # noqa: BLE001
+            for run in paused:
+                run.job.events.put(e)
+                run.job.events.put(_DONE)
+            gone = {id(run) for run in paused}
+            return [run for run in running if id(run) not in gone]
+        for run, reply in zip(paused, done, strict=True):
+            run.reply, run.item = reply, None
         return running
 
     def _draft(self, running: list[_Running]) -> None:
@@ -223,8 +250,9 @@ class Scheduler:
             if isinstance(item, Drafting | Verify):
                 run.item = item
                 return True
-            if isinstance(item, Pause):
-                return True  # a prefill chunk ran: the others' turn before the next
+            if isinstance(item, Pause):  # a prefill chunk is next: in the cycle's prefill
+                run.item = item  # pass with the others' (_prefill), or alone when resumed
+                return True
             if not self._hand(job, item):
                 return False  # (plain tokens come as Verify rounds too: they wait for the batch)
 
@@ -266,6 +294,7 @@ class _Running:
 
     job: Job
     conv: Conversation  # its policy (set once the turn begins) takes each cycle's cap
-    turn: Generator[Event | Drafting | Verify | Pause, Draft | Verified | None, None]
-    item: Drafting | Verify | None = None
-    reply: Draft | Verified | None = None
+    turn: Generator[Event | Drafting | Verify | Pause, Draft | Verified | Prefilled | None,
+                    None]
+    item: Drafting | Verify | Pause | None = None
+    reply: Draft | Verified | Prefilled | None = None
