@@ -52,6 +52,18 @@ def batchable(convs: list[Conversation]) -> bool:
                for c in convs)
 
 
+def forward_together(convs: list[Conversation], inputs: list[mx.array]):
+    """ONE target forward over every conversation's inputs (rows right-padded to the
+    longest): row r's new keys go to its own caches (rows.py). Logits [B, n, V] and hidden
+    [B, n, ·] (if the drafter wants them); row r's own are its first len(inputs[r])."""
+    lengths = [x.shape[0] for x in inputs]
+    width = max(lengths)
+    x = mx.stack([mx.pad(t, [(0, width - t.shape[0])]) for t in inputs])
+    layers = len(convs[0].cache)
+    caches = [rows_of([c.cache[i] for c in convs], lengths) for i in range(layers)]
+    return convs[0].target.forward_rows(x, caches, hidden=convs[0].wants_hidden)
+
+
 def verify_together(rounds: list[tuple[Conversation, Draft]]) -> list[Verified]:
     """Every round's verify pass: one target forward for all when they batch, else each its
     own. Each conversation's bookkeeping is its own (Conversation.verified)."""
@@ -60,11 +72,7 @@ def verify_together(rounds: list[tuple[Conversation, Draft]]) -> list[Verified]:
         return [conv.verify(draft) for conv, draft in rounds]
     inputs = [conv.verify_input(draft) for conv, draft in rounds]
     lengths = [x.shape[0] for x in inputs]
-    width = max(lengths)
-    x = mx.stack([mx.pad(t, [(0, width - t.shape[0])]) for t in inputs])
-    layers = len(convs[0].cache)
-    caches = [rows_of([c.cache[i] for c in convs], lengths) for i in range(layers)]
-    logits, hidden = convs[0].target.forward_rows(x, caches, hidden=convs[0].wants_hidden)
+    logits, hidden = forward_together(convs, inputs)
     return [conv.verified(q, draft, logits[r, :q], hidden[r, :q] if hidden is not None else None)
             for r, ((conv, draft), q) in enumerate(zip(rounds, lengths, strict=True))]
 
@@ -79,11 +87,7 @@ def prefill_together(pauses: list[Pause]) -> list[Prefilled | None]:
     if len(pauses) < 2 or not batchable(convs):
         return [None] * len(pauses)
     lengths = [p.tokens for p in pauses]
-    width = max(lengths)
-    x = mx.array([p.chunk + [0] * (width - p.tokens) for p in pauses], dtype=mx.int32)
-    layers = len(convs[0].cache)
-    caches = [rows_of([c.cache[i] for c in convs], lengths) for i in range(layers)]
-    _, hidden = convs[0].target.forward_rows(x, caches, hidden=convs[0].wants_hidden)
+    _, hidden = forward_together(convs, [mx.array(p.chunk, dtype=mx.int32) for p in pauses])
     return [Prefilled(conv.prefilled(q, hidden[r, :q] if hidden is not None else None))
             for r, (conv, q) in enumerate(zip(convs, lengths, strict=True))]
 

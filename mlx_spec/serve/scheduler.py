@@ -33,17 +33,10 @@ import mlx.core as mx
 from ..drafters import Draft
 from ..engine import Engine
 from ..engine.adaptive import AdaptiveDraftLength
-from ..engine.batch import (
-    Prefilled,
-    Verified,
-    batchable,
-    draft_together,
-    prefill_together,
-    verify_together,
-)
+from ..engine.batch import batchable, draft_together, prefill_together, verify_together
 from ..engine.batch_length import BatchDraftLength
 from ..engine.conversation import Conversation
-from ..engine.turn import Drafting, Pause, Verify
+from ..engine.turn import Drafting, Pause, Reply, Verify
 from ..events import Event, TokenEvent, TurnEnd
 from ..sampling import SamplingConfig
 from .metrics import Metrics
@@ -294,7 +287,6 @@ class _Running:
 
     job: Job
     conv: Conversation  # its policy (set once the turn begins) takes each cycle's cap
-    turn: Generator[Event | Drafting | Verify | Pause, Draft | Verified | Prefilled | None,
-                    None]
+    turn: Generator[Event | Drafting | Verify | Pause, Reply, None]
     item: Drafting | Verify | Pause | None = None
-    reply: Draft | Verified | Prefilled | None = None
+    reply: Reply = None
