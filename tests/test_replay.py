@@ -7,9 +7,11 @@ import json
 import statistics
 from pathlib import Path
 
-from helpers import open_chat
+from helpers import PROMPT, conversation, open_chat
 
-from mlx_spec.bench.replay import RoundCosts, record, replay
+from mlx_spec.bench.replay import RoundCosts, record, record_sampled, replay
+from mlx_spec.drafters import DraftModelDrafter
+from mlx_spec.sampling import SamplingConfig
 
 # L(t) for 96 tokens of each of the bench's 3 prompts, demo MTP head on the demo f32 target
 # (bench/replay.py: record; the widened bench target computes the same function)
@@ -20,9 +22,20 @@ BENCH_COSTS = RoundCosts(plain=0.048, verify=tuple(0.0515 + 0.0019 * q for q in 
                          draft=0.0032, overhead=0.001)
 
 
-def rate(num_draft, tables=BENCH_TABLES, costs=BENCH_COSTS, seeds=range(8)) -> float:
+# r_1..r_8 at each of 96 positions of a continuation sampled at T = 1, the same 3 prompts, two
+# continuations each (bench/replay.py: record_sampled, demo MTP head on the demo f32 target)
+SAMPLED_TABLES = json.loads((Path(__file__).parent / "reference" / "mtp_odds_t1.json").read_text())
+# the widened bench target's rounds at T = 1 as the engine timed them (fused, ms, k = 0..8: a
+# plain token, then ~6 ms a draft up to k = 3 and ~4 after; timed at k ≤ 6, extended)
+SAMPLED_ROUND_MS = (48.8, 58, 65, 72, 76, 79, 84, 89, 94)
+SAMPLED_COSTS = RoundCosts(
+    plain=SAMPLED_ROUND_MS[0] / 1e3, draft=0.0022,
+    verify=tuple((t - 2.2 * k) / 1e3 for k, t in enumerate(SAMPLED_ROUND_MS)))
+
+
+def rate(num_draft, tables=BENCH_TABLES, costs=BENCH_COSTS, seeds=range(8), **options) -> float:
     """Mean over seeds of the mean per-prompt rate (the bench's row rate)."""
-    return statistics.mean(statistics.mean(replay(tables, costs, num_draft, seed=s))
+    return statistics.mean(statistics.mean(replay(tables, costs, num_draft, seed=s, **options))
                            for s in seeds)
 
 
@@ -59,3 +72,44 @@ def test_a_recorded_table_predicts_the_engines_own_rounds():
     end = list(engine.generate(prompt, max_tokens=len(runs), ignore_eos=True))[-1]
     assert end.stats.target_passes == passes and end.stats.generated_tokens == len(runs)
     assert 0 < end.stats.accepted < end.stats.drafted  # both kinds of round happened
+
+
+def test_sampled_odds_are_one_where_the_drafter_is_the_target(load):
+    """Known answer: a drafter with the target's own distributions has p = q at every draft."""
+    target, tok = load("llama")
+    conv = conversation(target, tok, DraftModelDrafter(target, target), draft_length=4)
+    odds = record_sampled(conv, PROMPT, 8, SamplingConfig(temperature=1.0, seed=3),
+                          depth=4)
+    assert len(odds) == 8 and all(len(r) == 4 for r in odds)
+    assert min(min(r) for r in odds) > 0.999
+
+
+def test_sampled_odds_predict_the_engines_acceptance():
+    """The premise at T = 1: the mean of r_1 over recorded positions estimates the share of
+    k = 1 rounds the engine's rejection rule accepts on the same prompt (different draws, so
+    within sampling error: ~0.05 each at these counts; a q or p read off the wrong row, or the
+    wrong drafts, lands far off)."""
+    engine = open_chat(drafter="mtp", num_draft=1)
+    prompt = engine.tokenizer.encode("import os\n\n\ndef read_config(path):\n    ")
+    recorded, drafted, accepted = [], 0, 0
+    for seed in range(3):
+        cfg = SamplingConfig(temperature=1.0, seed=seed)
+        recorded += [r[0] for r in record_sampled(engine, prompt, 40, cfg, depth=2)]
+        engine.reset()
+        end = list(engine.generate(prompt, max_tokens=40, ignore_eos=True,
+                                   sampling=SamplingConfig(temperature=1.0, seed=10 + seed)))[-1]
+        drafted, accepted = drafted + end.stats.drafted, accepted + end.stats.accepted
+    predicted, seen = statistics.mean(recorded), accepted / drafted
+    assert 0.1 < seen < 0.95, seen  # a test that can tell the two apart
+    assert abs(predicted - seen) < 0.15, (predicted, seen)
+
+
+def test_auto_keeps_up_with_the_best_fixed_k_at_t1():
+    """At T = 1 each round is a draw (acceptance ~0.65 at every depth here) and k = 5–6 are
+    best, k = 1 ~17% and k = 2 ~7% behind: auto must climb there and not let a few unlucky
+    rejections keep it shallow (replayed: 0.965 of the best; a policy that stays at k = 2–3
+    reads ≤ 0.95)."""
+    fixed = {k: rate(k, SAMPLED_TABLES, SAMPLED_COSTS) for k in range(1, 9)}
+    best = max(fixed, key=fixed.get)
+    assert best in (5, 6) and fixed[1] < 0.9 * fixed[best], fixed
+    assert rate("auto", SAMPLED_TABLES, SAMPLED_COSTS) >= 0.95 * fixed[best], fixed

@@ -11,7 +11,8 @@
 * vocab.py — the sampler's cost at a real vocabulary size;
 * widen.py — function-preserving widening (the bench's memory-bound targets);
 * evaluate.py — acceptance of the demo drafters (`python -m mlx_spec.bench.evaluate`);
-* replay.py — the draft-length policy replayed on recorded greedy acceptance (no clock).
+* replay.py — the draft-length policy replayed on recorded acceptance (no clock): greedy run
+  lengths, or the odds of each draft at T > 0.
 """
 
 from .runners import QUICK, BenchConfig, Row

@@ -11,6 +11,15 @@ policy what the engine would (round times, split timings, plain runs, a new turn
 Rates are in tokens per simulated second, deterministic for a seed: a ratio between two
 replays says which choice of k is better on this text and these costs, never how fast a
 machine is (`mlx-spec bench` measures that).
+
+At T > 0 a round is a draw, so a table holds its odds: from each position of a sampled
+continuation, `record_sampled` drafts `depth` tokens as the drafter would and keeps
+r_i = min(1, p_i(x_i) / q_i(x_i)) for each draft x_i, the chance the rejection rule accepts it
+once drafts 1..i−1 were (it then reads exactly the context x_i was drafted on). A replayed
+round with k drafts accepts draft i with chance r_i while every one before it was accepted:
+the count of accepted drafts has the law it has on the engine at that position. (Which
+positions a run visits follows its own draws, not the recorded continuation's: as at T = 0,
+the text is the record's.)
 """
 
 from __future__ import annotations
@@ -20,11 +29,16 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import mlx.core as mx
+
 from ..engine import Conversation
 from ..engine.adaptive import AdaptiveDraftLength
 from ..engine.schedule import End, Plain, Schedule, Speculate
 from ..events import TurnEnd
 from ..sampling import Sampler, SamplingConfig
+
+# a position's record: the run length L(t) (greedy), or the odds r_1..r_depth (T > 0)
+Position = int | Sequence[float]
 
 
 def record(conv: Conversation, prompt: list[int], tokens: int, *, depth: int = 8) -> list[int]:
@@ -47,6 +61,41 @@ def record(conv: Conversation, prompt: list[int], tokens: int, *, depth: int = 8
     return runs
 
 
+def record_sampled(conv: Conversation, prompt: list[int], tokens: int, sampling: SamplingConfig,
+                   *, depth: int = 8) -> list[list[float]]:
+    """r_1..r_depth for t < tokens, along a continuation of `prompt` sampled with `sampling`
+    (its seed gives both the continuation and the drafts: one record, one draw)."""
+    conv.reset()
+    end = list(conv.generate(prompt, max_tokens=tokens, ignore_eos=True,
+                             sampling=sampling))[-1]
+    assert isinstance(end, TurnEnd)
+    out, sampler = list(end.tokens), Sampler(sampling)
+    odds = []
+    for t in range(tokens):
+        conv.reset()
+        conv.prefill(prompt + out[:t])
+        draft = conv.draft(depth, sampler)
+        logits, _ = conv.verify(draft)
+        assert draft.probs is not None  # T > 0: the drafter reports q
+        history = prompt + out[:t]
+        p = sampler.distribution(logits[:-1], history, draft.tokens)
+        rows = mx.arange(draft.k)
+        ratio = p[rows, draft.tokens] / mx.maximum(draft.probs[rows, draft.tokens], 1e-30)
+        odds.append([round(min(1.0, r), 4) for r in ratio.tolist()])
+    return odds
+
+
+def accepted(position: Position, k: int, rng: random.Random) -> int:
+    """How many of k drafts a round from this position accepts: a run length is a fact, odds
+    are drawn in order until the first rejection."""
+    if isinstance(position, int):
+        return min(position, k)
+    n = 0
+    while n < k and rng.random() < position[n]:
+        n += 1
+    return n
+
+
 @dataclass(frozen=True)
 class RoundCosts:
     """Seconds: a plain token; a round with k drafts = overhead + k·draft + verify[k]
@@ -61,7 +110,7 @@ class RoundCosts:
         return self.plain if k == 0 else self.overhead + k * self.draft + self.verify[k]
 
 
-def replay(tables: list[list[int]], costs: RoundCosts, num_draft: int | str, *,
+def replay(tables: list[list[Position]], costs: RoundCosts, num_draft: int | str, *,
            noise: float = 0.05, seed: int = 0, prior: Sequence[float] | None = None,
            **policy_options) -> list[float]:
     """Tokens per simulated second on each table in turn (one conversation: an `auto` policy
@@ -80,7 +129,7 @@ def replay(tables: list[list[int]], costs: RoundCosts, num_draft: int | str, *,
     return [_turn(runs, costs, schedule, rng, noise) for runs in tables]
 
 
-def _turn(runs: list[int], costs: RoundCosts, schedule: Schedule, rng: random.Random,
+def _turn(runs: list[Position], costs: RoundCosts, schedule: Schedule, rng: random.Random,
           noise: float) -> float:
     """One prompt's turn, driven by the engine's own Schedule as Conversation.generate drives
     it: a plain run lasts until the schedule asks for something else."""
@@ -111,14 +160,14 @@ def _turn(runs: list[int], costs: RoundCosts, schedule: Schedule, rng: random.Ra
             continue
         assert isinstance(step, Speculate)
         k, split = step.k, schedule.split()
-        accepted = min(runs[len(arrivals)], k)
-        emitted = min(accepted + 1, len(runs) - len(arrivals))
+        n = accepted(runs[len(arrivals)], k, rng)
+        emitted = min(n + 1, len(runs) - len(arrivals))
         seconds = jitter(costs.round(k))
         now += seconds
-        schedule.observe_round(k, accepted, round_s=seconds, fed=fed,
+        schedule.observe_round(k, n, round_s=seconds, fed=fed,
                                draft_s=jitter(k * costs.draft) if split else None,
                                verify_s=jitter(costs.verify[k]) if split else None)
-        fed = accepted + 1
+        fed = n + 1
         arrivals += [now] * emitted
     span = arrivals[-1] - arrivals[0]
     return (len(arrivals) - 1) / span if span > 0 else 0.0
