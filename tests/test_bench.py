@@ -185,3 +185,27 @@ def test_the_demo_opens_the_variant_that_can_pay_here():
     assert engine.drafter is not None and engine.drafter.name == "mtp"
     plain, _ = load_target(demo_model("demo-target"))
     assert key_of(plain, None) != key_of(engine.target, None)
+
+
+def test_sampled_auto_parity_draws_new_seeds_each_pair():
+    """At T > 0 each ABBA pair is its own draw (both sides the same seeds), so the median is
+    over draws, not one draw's luck timed again; greedy pairs need no seeds."""
+    from types import SimpleNamespace
+
+    from mlx_spec.bench.parity import auto_parity
+
+    class Runner:
+        def __init__(self):
+            self.calls = []
+
+        def ours(self, target, drafter, num_draft, *args, seed=0):
+            self.calls.append((num_draft, seed))
+            return SimpleNamespace(tok_s=2.0 if num_draft == "auto" else 1.0)
+
+    run = Runner()
+    out = auto_parity(run, None, lambda: None, 4, "t", 1.0, 1.0, 3)
+    assert out["pairs"] == [2.0, 2.0, 2.0]
+    assert run.calls == [(k, 1000 * pair) for pair in range(3) for k in ("auto", 4, 4, "auto")]
+    run = Runner()
+    auto_parity(run, None, lambda: None, 4, "t", 0.0, 1.0, 2)
+    assert {seed for _, seed in run.calls} == {0}

@@ -203,13 +203,13 @@ def timed_calibration(engine: Engine) -> float:
 
 
 def run_ours(engine: Conversation, prompts: list[list[int]], max_tokens: int,
-             sampling: SamplingConfig, row: Row) -> Row:
+             sampling: SamplingConfig, row: Row, *, seed: int = 0) -> Row:
     """Fill `row` from `max_tokens` fixed-length tokens after each prompt (prompt i drawn with
-    seed i), each from an empty cache."""
+    seed `seed` + i), each from an empty cache."""
     rates, stats, gaps = [], [], []
     for i, ids in enumerate(prompts):
         engine.reset()
-        cfg = SamplingConfig(**{**asdict(sampling), "seed": i})
+        cfg = SamplingConfig(**{**asdict(sampling), "seed": seed + i})
         end, timing = timed_turn(engine, ids, max_tokens, cfg)
         rates.append(timing.tok_s)
         gaps += timing.gaps
@@ -284,13 +284,15 @@ class Runner:
 
     def ours(self, target: TargetModel, drafter: Drafter | None, num_draft: int | str,
              name: str, drafter_name: str, target_name: str, temperature: float,
-             top_p: float = 1.0, prompts: list[list[int]] | None = None) -> Row:
-        """A row of a fresh, warmed-up engine, on `prompts` (default: the run's)."""
+             top_p: float = 1.0, prompts: list[list[int]] | None = None,
+             seed: int = 0) -> Row:
+        """A row of a fresh, warmed-up engine, on `prompts` (default: the run's), prompt i
+        sampled with seed `seed` + i."""
         engine = make_engine(target, self.tokenizer, drafter, num_draft)
         warm_up(engine, self.prompts[0])
         row = Row(name, drafter_name, "mlx-spec", target_name, temperature, top_p, num_draft)
         return run_ours(engine, prompts or self.prompts, self.max_tokens,
-                        SamplingConfig(temperature=temperature, top_p=top_p), row)
+                        SamplingConfig(temperature=temperature, top_p=top_p), row, seed=seed)
 
     def first_turn(self, engine: Engine, temperature: float) -> FirstTurn:
         """The first turn of a new conversation on `engine`, on the run's first prompt (seed 0)."""
