@@ -199,7 +199,7 @@ def compare_auto(run: Runner, models: BenchModels, group: list[Row], temp: float
                  pairs: int) -> dict[str, dict]:
     """Each auto row ÷ the best fixed k of its drafter, in ABBA pairs on the rows' prompts in
     order (the table's single runs vary too much to settle a few per cent either way); at
-    T > 0 prompt i is sampled with seed i on both sides."""
+    T > 0 each pair samples with seeds of its own, the same on both sides (auto_parity)."""
     makers = {"mtp": models.mtp_on,
               "draft (twin)": lambda: DraftModelDrafter(models.small, models.wide)}
     parity = {}
