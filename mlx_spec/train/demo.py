@@ -5,6 +5,7 @@ Stages (each resumable, each skipped when its output exists):
   2. tokens     — the corpus encoded to uint16 arrays (train / held-out)
   3. target     — a small qwen3 code model, saved as an mlx-lm directory (+ an 8-bit copy)
   4. drafters   — an MTP head and a small draft model, distilled from the frozen target
+  (eagle3: an EAGLE-3 head on the drafters' rows, measured as the MTP head is, not installed)
 Long stages run outside CI; the results are committed under assets/models/.
 """
 
@@ -64,10 +65,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("runs/demo"))
     ap.add_argument("--stage", choices=["tokenizer", "target", "drafters", "mtp", "draft",
-                                        "all"],
+                                        "eagle3", "all"],
                     default="all", help="mtp: retrain only the MTP head and install it beside "
                     "the bundled targets (the draft model is left as it is); draft: the same "
-                    "for the draft model")
+                    "for the draft model; eagle3: an EAGLE-3 head on the same rows and "
+                    "held-out prompts, written to WORK/eagle3 (not installed)")
     ap.add_argument("--target-steps", type=int, default=1300)
     ap.add_argument("--mtp-steps", type=int, default=1200)
     ap.add_argument("--draft-steps", type=int, default=800)
@@ -84,6 +86,9 @@ def main(argv: list[str] | None = None) -> None:
                          "assets/models/demo-draft) instead of random weights")
     ap.add_argument("--draft-minutes", type=float, default=None,
                     help="--stage draft: train this long instead of --draft-steps (resumable)")
+    ap.add_argument("--eagle3-minutes", type=float, default=60.0,
+                    help="--stage eagle3: train this long (resumable: a rerun trains this "
+                         "much more)")
     ap.add_argument("--out", type=Path, default=Path("assets/models"))
     args = ap.parse_args(argv)
     tok_dir = build_tokenizer(args.work)
@@ -106,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
         retrain_mtp(args, train, held)
     if args.stage == "draft":
         retrain_draft(args, tok_dir, train, held)
+    if args.stage == "eagle3":
+        train_eagle3(args, train, held)
 
 
 DRAFT_CONFIG = dict(TARGET_CONFIG, hidden_size=96, num_hidden_layers=2, intermediate_size=256,
@@ -185,7 +192,7 @@ def retrain_mtp(args, train: np.ndarray, held: np.ndarray) -> None:
     else:
         cfg = MTPConfig.for_target(target, "shared-kv", hidden_size=128, num_layers=2,
                                    num_heads=4, intermediate_size=384)
-    prompts = [held[i : i + 32].tolist() for i in range(0, 3 * 400, 400)]
+    prompts = held_out_prompts(held)
     seconds = args.mtp_minutes * 60 if args.mtp_minutes else None
     out = args.work / "mtp-retrained"
     distill_mtp(target, data, cfg, dc, out, Progress(), seconds=seconds, init=args.mtp_init,
@@ -195,6 +202,29 @@ def retrain_mtp(args, train: np.ndarray, held: np.ndarray) -> None:
         shutil.copytree(out, args.out / name / "mtp", dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("train"))
     log(f"installed the head beside {args.out}/demo-target and demo-target-q8")
+
+
+def held_out_prompts(held: np.ndarray) -> list[list[int]]:
+    """The 3 held-out corpus windows every demo drafter's curve is measured on."""
+    return [held[i : i + 32].tolist() for i in range(0, 3 * 400, 400)]
+
+
+def train_eagle3(args, train: np.ndarray, held: np.ndarray) -> None:
+    """`--stage eagle3`: the kind that won per minute of training (docs/TRAIN.md) on the rows
+    and held-out prompts the bundled MTP head was trained and measured on, so their curves
+    compare; written to WORK/eagle3 in the speculators format, not installed."""
+    from .data import held_rows
+    from .distill import DistillConfig, Progress, distill_eagle3, held_out_scores
+
+    target, tokenizer = demo_target_for_training(args.work)
+    dc = DistillConfig(steps=10**6, batch_size=8, seq_len=128, lr=2e-3)
+    data = distill_data(args.work, target, train, dc)
+    prompts = held_out_prompts(held)
+    distill_eagle3(target, data, dc, args.work / "eagle3", Progress(),
+                   seconds=args.eagle3_minutes * 60, eval_every=10 * 60,
+                   held=held_rows(target, prompts, dc.seq_len),
+                   evaluate=lambda d: held_out_scores(target, tokenizer, d, prompts))
+    print(f"EAGLE-3 head written to {args.work / 'eagle3'}", flush=True)
 
 
 def distill_data(work: Path, target, train: np.ndarray, dc) -> np.ndarray:
@@ -228,7 +258,7 @@ def retrain_draft(args, tok_dir: Path, train: np.ndarray, held: np.ndarray) -> N
     lr = 3e-3 if args.draft_init is None else 1.5e-3
     dc = DistillConfig(steps=args.draft_steps, batch_size=8, seq_len=128, lr=lr)
     data = distill_data(args.work, target, train, dc)
-    prompts = [held[i : i + 32].tolist() for i in range(0, 3 * 400, 400)]
+    prompts = held_out_prompts(held)
 
     def scores(model) -> dict:
         draft = TargetModel(model, target.context_length, name="demo-draft",
