@@ -6,6 +6,7 @@ import mlx.core as mx
 import numpy as np
 from conftest import ARCHS
 from helpers import conversation
+from mlx.utils import tree_map
 from test_mtp import make_drafter
 
 from mlx_spec.bench.widen import parameter_count, widen_mtp, widen_target
@@ -63,3 +64,34 @@ def test_wide_hybrid_target_and_published_head_compute_the_same_function():
         outs.append((end.tokens, end.stats.accepted, end.stats.drafted))
     assert outs[0] == outs[1]
     assert 0 < outs[0][1] < outs[0][2]
+
+
+def test_wide_target_and_eagle3_head_compute_the_same_function(load):
+    """An EAGLE-3 head widened with the target (bench/widen.widen_eagle3) gives the small
+    head's draft logits at every chained step, and drafts exactly the same tokens."""
+    from mlx_spec.bench.widen import widen_eagle3
+    from mlx_spec.drafters.mtp import eagle3_drafter
+    from mlx_spec.train.eagle3 import chained_steps, make_head, speculators_config
+
+    small, tok = load("qwen3")
+    wide, _ = widen_target(small, ARCHS["qwen3"], hidden=160, layers=4, ffn=320)
+    head = make_head(small, speculators_config(small, 3, taps=(0, 1, 2)), seed=3)
+    # a random fc and layer would leave the wide head's blocks untested where they are zero
+    # in both: perturb every weight, norms included
+    mx.random.seed(4)
+    head.update(tree_map(lambda w: w + 0.05 * mx.random.normal(w.shape)
+                         if w.dtype == mx.float32 else w, head.parameters()))
+    wide_drafter = widen_eagle3(head, wide, ffn=320)
+    assert wide_drafter.head.cfg.hidden_size == 160
+    x = mx.array([[5, 9, 33, 100, 7, 250, 11, 42]])
+    for a, b in zip(chained_steps(head, small, x, 3), chained_steps(wide_drafter.head, wide, x, 3),
+                    strict=True):
+        np.testing.assert_allclose(np.array(a.logits), np.array(b.logits), atol=5e-3, rtol=1e-3)
+
+    prompt = [(i * 29) % 300 + 5 for i in range(20)]
+    outs = []
+    for target, d in ((small, eagle3_drafter(head, small)), (wide, wide_drafter)):
+        engine = conversation(target, tok, d, draft_length=3)
+        end = list(engine.generate(prompt, max_tokens=24, ignore_eos=True))[-1]
+        outs.append((end.tokens, end.stats.accepted, end.stats.drafted))
+    assert outs[0] == outs[1]

@@ -13,6 +13,7 @@ layer K/V are unchanged and a shared-KV MTP head reads them as before (at kv_lay
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -20,7 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..drafters.mtp import MTPConfig, MTPDrafter, make_head
+from ..drafters.eagle3 import Eagle3Config, Eagle3Head
+from ..drafters.mtp import MTPConfig, MTPDrafter, eagle3_drafter, make_head
 from ..model import TargetModel
 from ..train.modeldir import build_model
 
@@ -77,6 +79,51 @@ def widen_mtp(drafter: MTPDrafter, wide: TargetModel, small_layers: int) -> MTPD
     head.update(tree_unflatten(list(w.items())))
     mx.eval(head.parameters())
     return MTPDrafter(head, cfg, wide)
+
+
+def widen_eagle3(head: Eagle3Head, wide: TargetModel, *, ffn: int | None = None) -> MTPDrafter:
+    """An EAGLE-3 head for the widened target computing what `head` computes on the small one,
+    at the width a head trained for the wide target has (its hidden size D, its FFN `ffn`):
+    every d-wide axis padded to D, each tap of fc's input (3·d → 3·D) and each half of the
+    first layer's concat(embedding, hidden) (2·d → 2·D) padded on its own, RMSNorm weights
+    scaled by √(d/D). The taps keep their layer ids: the small target's layers are the wide
+    one's first, and the zero layers after them leave its stream alone."""
+    c = head.cfg
+    d, D = c.hidden_size, wide.hidden_size
+    cfg = Eagle3Config(**{**c.__dict__, "hidden_size": D, "target_hidden_size": D,
+                          "intermediate_size": ffn or c.intermediate_size})
+    big = Eagle3Head(cfg)
+    small_w = dict(tree_flatten(head.parameters()))
+    new = {}
+    for name, w in tree_flatten(big.parameters()):
+        s = small_w[name]
+        if s.shape == w.shape:  # vocabulary map, q/k norms, per-head projections' outputs
+            new[name] = s
+            continue
+        out = mx.zeros(w.shape, mx.float32)
+        for src, dst in _blocks(s.shape, w.shape, d, D):
+            out[dst] = s[src].astype(mx.float32)
+        is_norm = s.ndim == 1 and "norm" in name  # (a bias is padded as it is)
+        new[name] = out * math.sqrt(d / D) if is_norm else out
+    big.update(tree_unflatten(list(new.items())))
+    mx.eval(big.parameters())
+    return eagle3_drafter(big, wide)
+
+
+def _blocks(small: tuple[int, ...], wide: tuple[int, ...], d: int, D: int):
+    """(source, destination) index tuples placing a small tensor in its wide shape: an axis of
+    m·d that becomes m·D (m concatenated d-wide parts: taps, or embedding and hidden) goes
+    part by part to offsets 0, D, 2D…; any other axis to its start."""
+    per_axis = []
+    for n, N in zip(small, wide, strict=True):
+        m = N // D
+        if n != N and N % D == 0 and n == m * d:
+            per_axis.append([(slice(j * d, (j + 1) * d), slice(j * D, j * D + d))
+                             for j in range(m)])
+        else:
+            per_axis.append([(slice(0, n), slice(0, n))])
+    for parts in itertools.product(*per_axis):
+        yield tuple(p[0] for p in parts), tuple(p[1] for p in parts)
 
 
 def quantized(target: TargetModel, config: dict[str, Any], bits: int = 4) -> TargetModel:
