@@ -70,10 +70,7 @@ def widen_mtp(drafter: MTPDrafter, wide: TargetModel, small_layers: int) -> MTPD
     head = make_head(cfg)
     w = dict(tree_flatten(drafter.head.parameters()))
     pre = w["pre_projection.weight"]  # [h, 2d]: columns = [embedding | hidden]
-    wide_pre = mx.zeros((pre.shape[0], 2 * D))
-    wide_pre[:, :d] = pre[:, :d]
-    wide_pre[:, D : D + d] = pre[:, d:]
-    w["pre_projection.weight"] = wide_pre
+    w["pre_projection.weight"] = _place(pre, (pre.shape[0], 2 * D), d, D)
     w["post_projection.weight"] = _pad(w["post_projection.weight"], (D, pre.shape[0]))
     w["norm.weight"] = _pad(w["norm.weight"], (D,)) * math.sqrt(d / D)
     head.update(tree_unflatten(list(w.items())))
@@ -100,9 +97,7 @@ def widen_eagle3(head: Eagle3Head, wide: TargetModel, *, ffn: int | None = None)
         if s.shape == w.shape:  # vocabulary map, q/k norms, per-head projections' outputs
             new[name] = s
             continue
-        out = mx.zeros(w.shape, mx.float32)
-        for src, dst in _blocks(s.shape, w.shape, d, D):
-            out[dst] = s[src].astype(mx.float32)
+        out = _place(s, w.shape, d, D)
         is_norm = s.ndim == 1 and "norm" in name  # (a bias is padded as it is)
         new[name] = out * math.sqrt(d / D) if is_norm else out
     big.update(tree_unflatten(list(new.items())))
@@ -110,20 +105,22 @@ def widen_eagle3(head: Eagle3Head, wide: TargetModel, *, ffn: int | None = None)
     return eagle3_drafter(big, wide)
 
 
-def _blocks(small: tuple[int, ...], wide: tuple[int, ...], d: int, D: int):
-    """(source, destination) index tuples placing a small tensor in its wide shape: an axis of
-    m·d that becomes m·D (m concatenated d-wide parts: taps, or embedding and hidden) goes
-    part by part to offsets 0, D, 2D…; any other axis to its start."""
+def _place(small: mx.array, shape: tuple[int, ...], d: int, D: int) -> mx.array:
+    """`small` in a zero tensor of `shape`: an axis of m·d that becomes m·D (m concatenated
+    d-wide parts: taps, or embedding and hidden) goes part by part to offsets 0, D, 2D…; any
+    other axis to its start."""
     per_axis = []
-    for n, N in zip(small, wide, strict=True):
+    for n, N in zip(small.shape, shape, strict=True):
         m = N // D
         if n != N and N % D == 0 and n == m * d:
             per_axis.append([(slice(j * d, (j + 1) * d), slice(j * D, j * D + d))
                              for j in range(m)])
         else:
             per_axis.append([(slice(0, n), slice(0, n))])
+    out = mx.zeros(shape, mx.float32)
     for parts in itertools.product(*per_axis):
-        yield tuple(p[0] for p in parts), tuple(p[1] for p in parts)
+        out[tuple(p[1] for p in parts)] = small[tuple(p[0] for p in parts)].astype(mx.float32)
+    return out
 
 
 def quantized(target: TargetModel, config: dict[str, Any], bits: int = 4) -> TargetModel:

@@ -217,7 +217,7 @@ def train_eagle3(args, train: np.ndarray, held: np.ndarray) -> None:
     from .distill import DistillConfig, Progress, distill_eagle3, held_out_scores
 
     target, tokenizer = demo_target_for_training(args.work)
-    dc = DistillConfig(steps=10**6, batch_size=8, seq_len=128, lr=2e-3)
+    dc = DistillConfig(batch_size=8, seq_len=128, lr=2e-3)  # steps: the time decides
     data = distill_data(args.work, target, train, dc)
     prompts = held_out_prompts(held)
     distill_eagle3(target, data, dc, args.work / "eagle3", Progress(),
