@@ -63,6 +63,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "(chosen each round from measured costs and acceptance). Default: the "
                         "drafter's own length where its files give one (a Gemma 4 "
                         "assistant's), else auto")
+    add_lookup_option(p)
+
+
+def add_lookup_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lookup", action="store_true",
+                   help="copy drafts from the conversation's own text first, where its last "
+                        "tokens appeared before (code, edits, loops), else the drafter drafts")
 
 
 def add_split_options(p: argparse.ArgumentParser) -> None:
@@ -110,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--draft-model")
     c.add_argument("--mtp")
     c.add_argument("--num-draft", "-k", default=None)
+    add_lookup_option(c)
     add_split_options(c)
 
     t = sub.add_parser("train-drafter", help="distil a drafter head for a target")
@@ -141,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--draft-model")
     sv.add_argument("--mtp")
     sv.add_argument("--num-draft", "-k", default=None)
+    add_lookup_option(sv)
     add_split_options(sv)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8080)
@@ -240,7 +249,8 @@ def spec_from_args(args: argparse.Namespace) -> LoadSpec:
     return LoadSpec(model=getattr(args, "model", None), drafter=getattr(args, "drafter", "auto"),
                     draft_model=getattr(args, "draft_model", None), mtp=getattr(args, "mtp", None),
                     num_draft=num_draft, kv_bits=getattr(args, "kv_bits", None),
-                    hostfile=getattr(args, "hostfile", None), split=getattr(args, "split", None))
+                    hostfile=getattr(args, "hostfile", None), split=getattr(args, "split", None),
+                    lookup=getattr(args, "lookup", False))
 
 
 SAMPLING_FLAGS = {"temperature": "--temp", "top-p": "--top-p", "top-k": "--top-k",

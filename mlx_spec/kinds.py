@@ -12,5 +12,5 @@ DRAFTERS: dict[str, str] = {  # kind -> what proposes the tokens
 
 
 def kind_of(drafter_name: str) -> str:
-    """The kind of a drafter from its name ("mtp-deepseek" is an "mtp")."""
-    return drafter_name.split("-", 1)[0]
+    """The kind of a drafter from its name ("mtp-deepseek" and "mtp+lookup" are "mtp")."""
+    return drafter_name.split("+", 1)[0].split("-", 1)[0]

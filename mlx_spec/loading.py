@@ -149,6 +149,10 @@ def load_engine(spec: LoadSpec | None = None):
     d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=spec.mtp)
     if target.ranks > 1:
         check_split_drafter(d)
+    if spec.lookup and d is not None and chosen != "ngram":
+        from .drafters.lookup import LookupFirst
+
+        d = LookupFirst(d)
     num_draft = spec.num_draft
     if num_draft is None:  # the drafter's own length where its files give one, else auto
         own = getattr(d, "default_k", None)

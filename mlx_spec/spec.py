@@ -67,7 +67,9 @@ class LoadSpec:
     num_draft: tokens drafted per round (1..MAX_DRAFT), "auto", or None (the drafter's own).
     kv_bits: quantize the target's KV cache to 4 or 8 bits (None: not).
     hostfile: split the target over the machines of this mlx hostfile (distributed/), by
-        `split` ("pipeline" or "tensor"; None: pipeline where mlx-lm has it, else tensor)."""
+        `split` ("pipeline" or "tensor"; None: pipeline where mlx-lm has it, else tensor).
+    lookup: a model drafter's rounds copy from the conversation's own text first, where its
+        last tokens appeared before (drafters/lookup.py)."""
 
     model: str | None = None
     drafter: str = "auto"
@@ -77,6 +79,7 @@ class LoadSpec:
     kv_bits: int | None = None
     hostfile: str | None = None
     split: str | None = None
+    lookup: bool = False
 
     def __post_init__(self) -> None:
         for name in ("model", "draft_model", "mtp", "hostfile"):  # paths travel as text

@@ -9,8 +9,9 @@ from mlx_lm.models.base import create_causal_mask
 
 from mlx_spec import cache as kv
 from mlx_spec.cache import RecurrentCache, WindowKVCache
-from mlx_spec.drafters import DraftModelDrafter
+from mlx_spec.drafters import DraftContext, DraftModelDrafter
 from mlx_spec.drafters.dflash import DFlashDrafter, stored
+from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.drafters.mtp import MTPDrafter
 from mlx_spec.engine import Engine
 from mlx_spec.events import TurnEnd
@@ -43,6 +44,11 @@ def checked(conv):
             return
         assert_cache_equals_recompute(conv.target, conv.cache, committed)
         d, s = conv.drafter, conv.drafter_state
+        if isinstance(d, LookupFirst):  # its n-gram index, then the model drafter inside
+            fresh = d.ngram.new_state()
+            d.ngram.commit(fresh, DraftContext(conv.target, conv.tokens, []), 0)
+            assert s.index.index == fresh.index and s.index.indexed == fresh.indexed
+            d, s = d.inner, s.inner
         if isinstance(d, MTPDrafter):  # its copy of the target's hidden states, its own cache
             fresh = kv.make_cache(conv.target.model)
             _, h = conv.target.forward(committed, fresh, hidden=d.needs_hidden)
@@ -53,8 +59,11 @@ def checked(conv):
                                        np.array(h[base:]), atol=2e-4)
             if s.cache:
                 assert_head_cache_equals_recompute(d, s, conv.tokens)
-        elif isinstance(d, DraftModelDrafter):
-            assert_cache_equals_recompute(d.model, s.cache, conv.tokens[: s.cached])
+        elif isinstance(d, DraftModelDrafter):  # (empty until it first drafts: lookup copied)
+            if s.cached:
+                assert_cache_equals_recompute(d.model, s.cache, conv.tokens[: s.cached])
+            else:
+                assert all(c.offset == 0 for c in s.cache)
         elif isinstance(d, DFlashDrafter):  # one context entry per committed position
             _, taps = conv.target.forward(committed, kv.make_cache(conv.target.model),
                                           hidden=d.needs_hidden)

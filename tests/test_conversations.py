@@ -9,6 +9,7 @@ from helpers import PROMPT, checked, run
 from test_mtp import make_drafter
 
 from mlx_spec.drafters import DraftModelDrafter, NgramDrafter
+from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.engine import Engine, costs
 
 OTHER = [(i * 17) % 250 + 9 for i in range(14)]
@@ -19,6 +20,8 @@ def drafter_of(which, target, load):
         return DraftModelDrafter(load("qwen3", seed=1)[0], target)
     if which == "ngram":
         return NgramDrafter()
+    if which == "lookup":  # copies where the text repeats, a shared-kv head elsewhere
+        return LookupFirst(make_drafter(target, "shared-kv"))
     return make_drafter(target, which)
 
 
@@ -29,7 +32,7 @@ def two_turns(conv, first, more):
     return list(a.tokens), list(b.tokens)
 
 
-@pytest.mark.parametrize("which", ["draft", "shared-kv", "deepseek", "ngram"])
+@pytest.mark.parametrize("which", ["draft", "shared-kv", "deepseek", "ngram", "lookup"])
 def test_interleaved_conversations_equal_each_one_alone(load, which):
     target, tok = load("qwen3")
     engine = Engine(target, tok, drafter_of(which, target, load), draft_length=3)

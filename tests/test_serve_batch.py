@@ -19,6 +19,7 @@ from test_mtp import make_drafter as make_head_drafter
 
 import mlx_spec.serve.scheduler as scheduler_module
 from mlx_spec.drafters import DraftModelDrafter, NgramDrafter
+from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.engine import Engine
 from mlx_spec.engine.adaptive import AdaptiveDraftLength
 from mlx_spec.engine.batch import verify_together
@@ -30,7 +31,7 @@ from mlx_spec.serve import Server
 from mlx_spec.serve.scheduler import Scheduler
 from mlx_spec.templates import encode_chat
 
-KINDS = ["draft", "mtp", "nextn-hybrid", "ngram"]
+KINDS = ["draft", "mtp", "nextn-hybrid", "ngram", "mtp+lookup"]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,10 @@ def engines(model_dirs, tmp_path_factory, tokenizer_dir):
                 drafter = {"draft": lambda: DraftModelDrafter(near_copy(model_dirs, "llama", 0.3),
                                                               target),
                            "mtp": lambda: make_head_drafter(target, "shared-kv"),
-                           "ngram": NgramDrafter}[kind]()
+                           "ngram": NgramDrafter,
+                           "mtp+lookup": lambda: LookupFirst(make_head_drafter(target,
+                                                                               "shared-kv")),
+                           }[kind]()
             made[kind] = Engine(target, tok, drafter, draft_length=3)
         return made[kind]
 

@@ -1,0 +1,165 @@
+"""Prompt lookup first (drafters/lookup.py) and the n-gram copy it uses: copies overlap
+themselves in a loop; the wrapped drafter keeps every losslessness rule (greedy identity, every
+state equal to a recompute, T > 0 distributed as the target) with copied and modelled rounds
+mixed; and a copy is right where the answer is known."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from helpers import (
+    PROMPT,
+    assert_same_or_near_tie,
+    checked,
+    conversation,
+    open_chat,
+    run,
+)
+from test_engine_sampling import (
+    CFG,
+    assert_both_paths_taken,
+    chi2_pvalue,
+    sample_pairs,
+    target_joint,
+)
+from test_mtp import make_drafter as make_head
+
+from mlx_spec.drafters import DraftContext, DraftModelDrafter, NgramDrafter
+from mlx_spec.drafters.lookup import LookupFirst
+from mlx_spec.kinds import kind_of
+from mlx_spec.sampling import SamplingConfig
+
+
+def indexed(tokens: list[int], **kw) -> tuple[NgramDrafter, object]:
+    d = NgramDrafter(**kw)
+    s = d.new_state()
+    d.commit(s, DraftContext(None, tokens, []), 0)
+    return d, s
+
+
+def test_a_copy_overlaps_itself_in_a_loop():
+    """Period 3 (a b c a b c a b): the latest match of "a b" is 3 back, so the copy runs
+    c a b c a b … for all k, past the end of what was written."""
+    d, s = indexed([7, 1, 2, 3, 1, 2, 3, 1, 2])
+    assert d.lookup(s, [7, 1, 2, 3, 1, 2, 3, 1, 2], 8) == ([3, 1, 2, 3, 1, 2, 3, 1], 3)
+    # a match far back copies what followed it, and no more than k
+    d, s = indexed([5, 6, 7, 8, 9, 10, 11, 0, 5, 6])
+    assert d.lookup(s, [5, 6, 7, 8, 9, 10, 11, 0, 5, 6], 3) == ([7, 8, 9], 2)
+    # nothing repeats: no copy
+    d, s = indexed([1, 2, 3, 4], min_ngram=3)
+    assert d.lookup(s, [1, 2, 3, 4], 4) == ([], 0)
+
+
+def test_lookup_first_takes_its_kind_from_the_drafter_inside(load):
+    target, _ = load("qwen3")
+    d = LookupFirst(make_head(target, "shared-kv"))
+    assert d.name == "mtp+lookup" and kind_of(d.name) == "mtp" and d.needs_hidden is True
+
+
+def looping_prompt() -> list[int]:
+    """The prompt, then a block of it twice: the target's context repeats, and (random
+    models loop) so do its continuations."""
+    return PROMPT + PROMPT[4:12] + PROMPT[4:12]
+
+
+@pytest.mark.parametrize("inner", ["mtp", "deepseek", "draft"])
+@pytest.mark.parametrize("k", [2, 8])
+def test_greedy_identity_and_every_state_with_copied_and_modelled_rounds(load, inner, k):
+    target, tok = load("qwen3")
+    prompt = looping_prompt()
+    baseline, _ = run(conversation(target, tok, None), prompt=prompt, max_tokens=60)
+    model = (DraftModelDrafter(load("qwen3", seed=1)[0], target) if inner == "draft"
+             else make_head(target, "shared-kv" if inner == "mtp" else "deepseek"))
+    d = LookupFirst(model)
+    sources = {"copy": 0, "model": 0}
+    lookup, modelled = d.ngram.lookup, model.draft
+
+    def counted_lookup(*a):
+        out = lookup(*a)
+        sources["copy"] += bool(out[0])
+        return out
+
+    def counted_draft(*a):
+        sources["model"] += 1
+        return modelled(*a)
+
+    d.ngram.lookup, model.draft = counted_lookup, counted_draft
+    engine = conversation(target, tok, d, draft_length=k)
+    checked(engine)  # the n-gram index and the model drafter's state, every round
+    end, _ = run(engine, prompt=prompt, max_tokens=60)
+    assert_same_or_near_tie(target, prompt, list(end.tokens), list(baseline.tokens))
+    assert sources["copy"] > 0 and sources["model"] > 0, sources
+    # a later turn that rewrites the history: the index and the model state follow it back
+    turn2 = prompt + list(end.tokens)[:5] + [9, 10]
+    got, _ = run(engine, prompt=turn2, max_tokens=10)
+    fresh, _ = run(conversation(target, tok, None), prompt=turn2, max_tokens=10)
+    assert_same_or_near_tie(target, turn2, list(got.tokens), list(fresh.tokens))
+
+
+def loop_start(text: list[int], period: int) -> int:
+    """Where `text` becomes periodic with `period` through to its end."""
+    s = len(text) - period
+    while s > 0 and text[s - 1] == text[s - 1 + period]:
+        s -= 1
+    return s
+
+
+@pytest.mark.parametrize("which", [1, 2])
+def test_a_copy_of_a_loop_is_accepted_whole(which):
+    """Known answer, on the bundled pair: the demo target's greedy continuations of these
+    corpus prompts (the bench's) end in loops of period 4 and 3. Once the loop has run one
+    period past its start, the suffix matches one period back and the overlapping copy is the
+    target's own text: every round from there is 8 accepted + the bonus (the last may be cut
+    by max_tokens). The MTP head alone does not get there (it fails deep in the loop)."""
+    from mlx_spec.train.corpus import prompts_from_corpus
+
+    conv = open_chat(drafter="mtp", num_draft=8, lookup=True)
+    assert conv.drafter.name == "mtp+lookup"
+    prompt = prompts_from_corpus(conv.tokenizer, 3)[which]
+    rounds = checked(conv)
+    end = list(conv.generate(prompt, max_tokens=96))[-1]
+    text = list(prompt) + list(end.tokens)
+    period = next((q for q in range(1, 9) if text[-24:] == text[-24 - q : -q]), None)
+    assert period is not None, "the demo target's continuation no longer loops"
+    due = loop_start(text, period) + period + 3  # a 3-token suffix seen one period back
+    starts = [len(prompt) + sum(rounds[:i]) for i in range(len(rounds))]
+    copied = [n for at, n in zip(starts, rounds, strict=True) if at >= due][:-1]
+    assert len(copied) >= 3 and all(n == 9 for n in copied), (period, due, starts, rounds)
+    alone = open_chat(drafter="mtp", num_draft=8)
+    plain = list(alone.generate(prompt, max_tokens=96))[-1]
+    assert list(plain.tokens) == list(end.tokens)
+    assert end.stats.tokens_per_pass > plain.stats.tokens_per_pass
+
+
+def copy_prompt(target) -> list[int]:
+    """A prompt whose last 3 tokens appeared before, followed there by a token the target
+    gives a middling probability here: the copy it proposes is accepted about half the time."""
+    import numpy as np
+
+    from mlx_spec.sampling import probabilities
+
+    def p(ctx: list[int]) -> np.ndarray:
+        return np.array(probabilities(target.model(mx.array(ctx)[None])[0, -1:],
+                                      SamplingConfig(**CFG)))[0]
+
+    head, tail = PROMPT[:6], PROMPT[6:12]
+    for t in np.argsort(-p(head + tail + head))[:4]:
+        prompt = head + [int(t)] + tail + head
+        if 0.2 < p(prompt)[int(t)] < 0.8:
+            return prompt
+    raise AssertionError("no middling copy for this fixture")
+
+
+def test_sampling_with_a_copied_round_matches_the_target_distribution(load):
+    """T > 0: a copy is a point mass (q(x) = 1), accepted with probability p(x), else the
+    target resamples from p without x: the first two tokens are distributed as the target's."""
+    target, tok = load("qwen3")
+    prompt = copy_prompt(target)
+    engine = conversation(target, tok, LookupFirst(make_head(target, "shared-kv")),
+                          draft_length=2)
+    tally = []
+    pairs = sample_pairs(engine, CFG, tally, prompt)
+    assert_both_paths_taken(tally)
+    pval = chi2_pvalue(pairs, target_joint(target, SamplingConfig(**CFG), prompt))
+    print(f"lookup χ² p = {pval:.3f}")
+    assert pval > 0.01
