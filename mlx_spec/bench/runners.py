@@ -24,6 +24,7 @@ import mlx.core as mx
 
 from ..assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
 from ..drafters import Drafter
+from ..drafters.lookup import LookupFirst
 from ..drafters.mtp import MTPDrafter, load_mtp_drafter
 from ..engine import Conversation, Engine
 from ..engine.calibration import CalibrationStore
@@ -341,6 +342,10 @@ class BenchModels:
         """A fresh MTP drafter for `target` (default: the wide one), widened to its width."""
         return widen_mtp(self.mtp_small, target or self.wide,
                          small_layers=self.config["num_hidden_layers"])
+
+    def lookup_on(self, target: TargetModel | None = None) -> LookupFirst:
+        """mtp_on behind prompt lookup (--lookup): copies first where the text repeats."""
+        return LookupFirst(self.mtp_on(target))
 
 
 def load_bench_models(cfg: BenchConfig) -> BenchModels:

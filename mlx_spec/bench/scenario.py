@@ -163,14 +163,19 @@ def compare_at(cfg: BenchConfig, run: Runner, models: BenchModels, temp: float, 
 
 def measure_drafters(run: Runner, models: BenchModels, k: int, tag: str, temp: float,
                      top_p: float) -> list[Row]:
-    """The MTP head and the n-gram drafter at k, and the MTP head with `auto`."""
+    """The MTP head and the n-gram drafter at k, the MTP head with `auto`, and the MTP head
+    behind prompt lookup (--lookup) at k and with `auto`."""
     wide = models.wide
     return [run.ours(wide, models.mtp_on(), k, f"ours mtp k={k} {tag}", "mtp", "f32", temp,
                      top_p),
             run.ours(wide, NgramDrafter(), k, f"ours ngram k={k} {tag}", "ngram", "f32", temp,
                      top_p),
             run.ours(wide, models.mtp_on(), "auto", f"ours mtp auto {tag}", "mtp", "f32", temp,
-                     top_p)]
+                     top_p),
+            run.ours(wide, models.lookup_on(), k, f"ours mtp+lookup k={k} {tag}", "mtp+lookup",
+                     "f32", temp, top_p),
+            run.ours(wide, models.lookup_on(), "auto", f"ours mtp+lookup auto {tag}",
+                     "mtp+lookup", "f32", temp, top_p)]
 
 
 def measure_twin(run: Runner, models: BenchModels, k: int, tag: str, temp: float) -> list[Row]:
@@ -192,6 +197,10 @@ def sweep_draft_length(run: Runner, models: BenchModels, sweep: tuple[int, ...],
                              "f32", 0.0, top_p))
         rows.append(run.ours(models.wide, DraftModelDrafter(models.draft, models.wide), kk,
                              f"ours draft k={kk} {tag}", "draft", "f32", 0.0, top_p))
+        if kk == max(sweep):  # a copy is as cheap at any depth: the deepest
+            rows.append(run.ours(models.wide, models.lookup_on(), kk,
+                                 f"ours mtp+lookup k={kk} {tag}", "mtp+lookup", "f32", 0.0,
+                                 top_p))
     return rows
 
 
@@ -200,7 +209,7 @@ def compare_auto(run: Runner, models: BenchModels, group: list[Row], temp: float
     """Each auto row ÷ the best fixed k of its drafter, in ABBA pairs on the rows' prompts in
     order (the table's single runs vary too much to settle a few per cent either way); at
     T > 0 each pair samples with seeds of its own, the same on both sides (auto_parity)."""
-    makers = {"mtp": models.mtp_on,
+    makers = {"mtp": models.mtp_on, "mtp+lookup": models.lookup_on,
               "draft (twin)": lambda: DraftModelDrafter(models.small, models.wide)}
     parity = {}
     for auto in [r for r in group if r.num_draft == "auto" and r.drafter in makers]:

@@ -51,6 +51,7 @@ from .widen import parameter_count
 
 Log = Callable[[str], None]
 SPEC, PLAIN, DRAFT, MLX_LM, MLX_LM_DRAFT = "spec", "plain", "draft", "mlx_lm", "mlx_lm_draft"
+LOOKUP = "lookup"  # (a) behind prompt lookup (--lookup)
 
 
 @dataclass(frozen=True)
@@ -135,12 +136,14 @@ def start_sides(stack: ExitStack, models: BenchModels, cfg: BenchConfig, serve: 
     mx.eval(models.draft.model.parameters(), wide.model.parameters())
     engines = {SPEC: new_engine(wide, tok, models.mtp_on(), "auto"),
                PLAIN: new_engine(wide, tok, None, 1),
-               DRAFT: new_engine(wide, tok, DraftModelDrafter(models.draft, wide), "auto")}
-    for key in (SPEC, DRAFT):
+               DRAFT: new_engine(wide, tok, DraftModelDrafter(models.draft, wide), "auto"),
+               LOOKUP: new_engine(wide, tok, models.lookup_on(), "auto")}
+    for key in (SPEC, DRAFT, LOOKUP):
         engines[key].calibrate()
-    names = {SPEC: "ours mtp auto", PLAIN: "ours target-only", DRAFT: "ours draft auto"}
+    names = {SPEC: "ours mtp auto", PLAIN: "ours target-only", DRAFT: "ours draft auto",
+             LOOKUP: "ours mtp+lookup auto"}
     sides = [serve_ours(stack, key, names[key], engines[key], max(serve.concurrency))
-             for key in (SPEC, PLAIN, DRAFT)]
+             for key in (SPEC, PLAIN, DRAFT, LOOKUP)]
     if serve.mlx_lm:  # both launched, then waited for: their start-ups overlap
         target_dir, draft_dir = save_pair(models, tmp)
         launches = []
@@ -237,7 +240,8 @@ def load_average() -> float | None:
 
 
 RATIOS = ((SPEC, PLAIN), (SPEC, MLX_LM), (SPEC, MLX_LM_DRAFT), (DRAFT, PLAIN),
-          (DRAFT, MLX_LM_DRAFT), (PLAIN, MLX_LM))
+          (DRAFT, MLX_LM_DRAFT), (PLAIN, MLX_LM), (LOOKUP, PLAIN), (LOOKUP, MLX_LM),
+          (LOOKUP, SPEC))
 
 
 def summarise(runs: list[Run]) -> dict[str, Any]:
@@ -350,6 +354,9 @@ def goals(levels: dict[str, Any], overhead: dict[str, Any], mlx_lm: dict[str, st
         best = max(mlx_lm, key=lambda k: levels["4"]["sides"][k]["tok_s"])
         out.append(goal(f"(a) ÷ mlx-lm's best at 4 streams ({mlx_lm[best]})",
                         levels["4"]["ratios"][f"{SPEC} ÷ {best}"]["pairs"], 1.3))
+        if f"{LOOKUP} ÷ {best}" in levels["4"]["ratios"]:
+            out.append(goal(f"(a) with --lookup ÷ mlx-lm's best at 4 streams ({mlx_lm[best]})",
+                            levels["4"]["ratios"][f"{LOOKUP} ÷ {best}"]["pairs"], 1.3))
     out.append(goal("(a) served ÷ generate, tok/s at 1 stream", overhead[SPEC]["tok_s"]["pairs"],
                     0.95))
     return out

@@ -9,7 +9,8 @@ from typing import Any
 
 from .report import cell, machine_line, write_json
 
-LABELS = {"spec": "(a)", "plain": "(b)", "draft": "", "mlx_lm": "(c)", "mlx_lm_draft": "(c)"}
+LABELS = {"spec": "(a)", "plain": "(b)", "draft": "", "mlx_lm": "(c)", "mlx_lm_draft": "(c)",
+          "lookup": "(a)"}
 
 
 def write_serve(result: dict[str, Any], out: Path) -> None:
@@ -47,6 +48,9 @@ def serve_header(result: dict[str, Any]) -> list[str]:
         "(no drafter; plain steps of all streams batched in one pass), "
         f"`{names['draft']}` (the demo draft model, {result['draft_params'] / 1e6:.1f}M "
         "params f32, `auto`: the pair mlx-lm can load too)"
+        + (f", **(a)** with `--lookup` `{names['lookup']}` (prompt lookup first: a copy of "
+           "the stream's own earlier text where its last 3 tokens appeared before, else the "
+           "MTP head)" if "lookup" in names else "")
         + (f", and **(c)** `mlx_lm.server` on the same weights saved to disk, without and "
            f"with that draft model (`--draft-model`, `--num-draft-tokens {cfg['num_draft']}`; "
            "with a draft it serves one request at a time), `--prompt-cache-size 0` (ours keeps "
@@ -59,7 +63,7 @@ def serve_header(result: dict[str, Any]) -> list[str]:
         "from prompt p·C on, so at one stream pair p is prompt p), greedy (T = 0), "
         f"{s['max_tokens']} tokens each (end of text may end one sooner: tokens/stream says), "
         f"after a {s['warmup_tokens']}-token warm-up wave at each C on every side. The sides "
-        f"run in {s['pairs']} mirrored pairs at each C (a b … b a, all five sides); each "
+        f"run in {s['pairs']} mirrored pairs at each C (a b … b a, all sides); each "
         "side's figures are over all its runs. The clients are threads of the bench process "
         "(http.client reading the event stream: no SDK, little CPU), on the same 2 cores as "
         "the servers; our servers run in that process too (their HTTP and engine threads "
