@@ -163,3 +163,51 @@ def test_sampling_with_a_copied_round_matches_the_target_distribution(load):
     pval = chi2_pvalue(pairs, target_joint(target, SamplingConfig(**CFG), prompt))
     print(f"lookup χ² p = {pval:.3f}")
     assert pval > 0.01
+
+
+class Recorder:
+    """A policy stand-in: a fixed choice; what it was told."""
+
+    def __init__(self, k: int):
+        self.k, self.observed, self.aged, self.plain = k, [], 0, []
+        self.cap = None
+
+    def choose(self, limit=None):
+        return min(self.k, limit)
+
+    def split(self):
+        return False
+
+    def observe(self, k, n, draft_seconds=None, **kw):
+        self.observed.append((k, n))
+
+    def age(self, tokens=1):
+        self.aged += tokens
+
+    def observe_plain(self, seconds, tokens=1):
+        self.plain.append(tokens)
+
+    def new_turn(self):
+        pass
+
+
+def test_the_schedule_asks_the_copies_policy_when_a_copy_is_ready():
+    """A ready copy: the copies' policy chooses k (here 8, the model's 0 would have gone
+    plain) and learns from the round; the model's only ages by the round's tokens. No copy:
+    the model's chooses. A copy that was not ready at the choice still teaches the copies'."""
+    from mlx_spec.engine.schedule import Plain, Schedule, Speculate
+
+    model, copies, ready = Recorder(0), Recorder(8), [True]
+    s = Schedule(model, 8, drafting=True, copies=copies, copy_ready=lambda: ready[0])
+    assert s.next(left=100, room=100) == Speculate(8)
+    s.observe_round(8, 8, round_s=0.1, fed=1, copied=True)
+    assert copies.observed == [(8, 8)] and model.observed == [] and model.aged == 9
+    ready[0] = False
+    assert s.next(left=100, room=100) == Plain()
+    model.k = 3
+    assert s.next(left=100, room=100) == Speculate(3)
+    s.observe_round(3, 1, round_s=0.1, fed=1)
+    assert model.observed == [(3, 1)] and copies.aged == 2
+    s.observe_plain(0.01)
+    s.end_plain_run()
+    assert model.plain == copies.plain == [1]  # plain decoding's cost: both learn it

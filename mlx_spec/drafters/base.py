@@ -28,6 +28,7 @@ class Draft:
     tokens: mx.array = field(default_factory=lambda: mx.zeros((0,), mx.int32))
     probs: mx.array | None = None
     fed: int = 1  # tokens the drafter read before drafting (more than a few: a catch-up)
+    copied: bool = False  # a copy of the conversation's own text (lookup.py), not a model's
 
     @property
     def k(self) -> int:
@@ -69,7 +70,9 @@ class DrafterState(Protocol):
 class Drafter(Protocol):
     """What every drafter does. One may also have `draft_rows(states, ctxs, ks, samplers) ->
     list[Draft] | None`: several conversations' drafts in one chain of steps over all their
-    rows (batch.draft_together; None where these rows cannot, and each drafts alone)."""
+    rows (batch.draft_together; None where these rows cannot, and each drafts alone); and
+    `copy_ready(state, tokens) -> bool`: the next draft would be a copy (lookup.py), so the
+    engine chooses its length by the copies' own record."""
 
     name: str
     # does commit() need the target's hidden states? True: the final ones; (i, j, ...): the

@@ -4,9 +4,12 @@ appeared before, and from a model drafter otherwise.
 Code, edits, agents' tool loops and a small model's greedy loops repeat spans the context
 already holds; there a copy (ngram.py) is right for many tokens at no device cost, while a model
 drafter's accuracy falls with depth. Elsewhere the copy has nothing to offer and the model
-drafts. Each round has one source, and the Draft carries that source's real q (a point mass for a
-copy), so verification stays exact. Both keep their state every round: the model drafter is
-committed to even after a copied round (its next draft catches up on what it did not read).
+drafts. Each round has one source, and the Draft carries that source's real q (a point mass
+for a copy), so verification stays exact. Both keep their state every round: the model drafter
+is committed to even after a copied round (its next draft catches up on what it did not read).
+`auto` keeps a policy for each source (engine/schedule.py): copies cost no drafting and are
+right far more often in a loop than elsewhere, so their k, and whether they pay at all, are
+learned from their own rounds.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ class LookupFirst:
     def commit(self, state: LookupState, ctx: DraftContext, valid: int) -> None:
         self.inner.commit(state.inner, ctx, valid)
         self.ngram.commit(state.index, ctx, valid)
+
+    def copy_ready(self, state: LookupState, tokens: list[int]) -> bool:
+        """Would the next draft be a copy?"""
+        return bool(self.ngram.lookup(state.index, tokens, 1)[0])
 
     def draft(self, state: LookupState, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
         copy, _ = self.ngram.lookup(state.index, ctx.tokens, k)

@@ -77,4 +77,4 @@ def point_mass(proposal: list[int], vocab_size: int, sampler: Sampler) -> Draft:
     if not sampler.cfg.greedy:
         probs = mx.zeros((len(proposal), vocab_size))
         probs[mx.arange(len(proposal)), mx.array(proposal)] = 1.0
-    return Draft(mx.array(proposal, dtype=mx.int32), probs)
+    return Draft(mx.array(proposal, dtype=mx.int32), probs, copied=True)

@@ -46,9 +46,11 @@ class Conversation:
         self.draft_length: DraftLength = draft_length  # k, or "auto" (chosen each round)
         # the longest draft any round may use
         self.max_draft = max_draft_for(draft_length, auto_ceiling(drafter))
-        # one policy per drafter and per greedy / sampled (acceptance differs between them)
+        # one policy per drafter, per greedy / sampled (acceptance differs between them) and
+        # per source of drafts (a lookup drafter's copies apart from its model's)
         self.policies: dict[tuple[str, bool], AdaptiveDraftLength] = {}
         self.policy: AdaptiveDraftLength | None = None  # the last turn's (None: a fixed k)
+        self.copy_policy: AdaptiveDraftLength | None = None  # its copies' (lookup drafters)
         self.eos = set(engine.eos)
         self.reset()
 
@@ -85,20 +87,34 @@ class Conversation:
     def adaptive(self) -> bool:
         return self.draft_length == "auto"
 
-    def policy_for(self, greedy: bool) -> AdaptiveDraftLength | None:
-        """The adaptive draft-length policy for this drafter and this kind of sampling, on the
-        engine's costs: measured, or a prior until they are (None with a fixed k or no
-        drafter)."""
+    def policy_for(self, greedy: bool, *, copies: bool = False) -> AdaptiveDraftLength | None:
+        """The adaptive draft-length policy for this drafter and this kind of sampling (copies:
+        for a lookup drafter's copied rounds), on the engine's costs: measured, or a prior
+        until they are (None with a fixed k, no drafter, or no copies to choose for)."""
         if not self.adaptive or self.drafter is None:
             return None
-        key, costs = (self.drafter.name, greedy), self.engine.costs(self.max_draft)
+        if copies and not hasattr(self.drafter, "copy_ready"):
+            return None
+        name = self.drafter.name + ("/copies" if copies else "")
+        key, costs = (name, greedy), self.engine.costs(self.max_draft)
         policy = self.policies.get(key)
         if policy is None:
-            policy = self.policies[key] = AdaptiveDraftLength(
-                costs.verify, plain_cost=costs.plain, measured=costs.measured)
+            policy = self.policies[key] = AdaptiveDraftLength(  # (a copy: no drafting cost)
+                costs.verify, plain_cost=costs.plain, measured=costs.measured,
+                draft_cost=0.0 if copies else None)
         elif costs.measured and not policy.measured:  # calibrated while idle since last turn
             policy.recalibrate(costs.verify, costs.plain)
         return policy
+
+    def copy_ready(self) -> bool:
+        """Would the drafter's next draft be a copy of the conversation's own text?"""
+        ready = getattr(self.drafter, "copy_ready", None)
+        return ready is not None and ready(self.drafter_state, self.tokens)
+
+    def round_policy(self) -> AdaptiveDraftLength | None:
+        """The policy that chooses the next round's k: the copies' where a copy is ready."""
+        return self.copy_policy if self.copy_policy is not None and self.copy_ready() \
+            else self.policy
 
     def materialize(self) -> None:
         """Evaluate every cached array before a turn ends. MLX streams are thread-local: a lazy

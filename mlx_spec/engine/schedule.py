@@ -9,6 +9,7 @@ rounds that carry it out report back through `observe_*`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .adaptive import AdaptiveDraftLength
@@ -38,17 +39,28 @@ class Schedule:
     """Which round comes next in a turn, and what the policy learns from each round.
 
     policy: the adaptive draft-length policy (None: a fixed k = max_draft); drafting: whether a
-    drafter is there at all (without one every step is plain)."""
+    drafter is there at all (without one every step is plain). copies / copy_ready: a lookup
+    drafter's second policy, for the rounds it copies (drafters/lookup.py), and whether its
+    next draft would be one: such a round's k, and whether to draft at all, come from the
+    copies' record (no drafting cost; right to the end in a loop, seldom elsewhere), the rest
+    from the model's. Each round teaches the policy of the source that drafted it; the text
+    ages both."""
 
     def __init__(self, policy: AdaptiveDraftLength | None, max_draft: int, *,
-                 drafting: bool) -> None:
+                 drafting: bool, copies: AdaptiveDraftLength | None = None,
+                 copy_ready: Callable[[], bool] | None = None) -> None:
         self.policy, self.max_draft, self.drafting = policy, max_draft, drafting
+        self.copies, self.copy_ready = copies, copy_ready
+        self.chosen = policy  # the policy that chose the round under way
         self._plain_s, self._plain_n = 0.0, 0
+
+    def _policies(self) -> list[AdaptiveDraftLength]:
+        return [p for p in (self.policy, self.copies) if p is not None]
 
     def new_turn(self) -> None:
         """A new prompt: the last turn's acceptance says less about it."""
-        if self.policy is not None:
-            self.policy.new_turn()
+        for policy in self._policies():
+            policy.new_turn()
 
     def next(self, *, left: int, room: int, stopped: bool = False) -> Next:
         """left: tokens the turn may still emit; room: positions left in the context."""
@@ -61,31 +73,40 @@ class Schedule:
         limit = min(left - 1, room - 1)  # a round emits its drafts and one token more
         if not self.drafting or limit <= 0:
             return Plain()
-        k = self.policy.choose(limit) if self.policy is not None else min(self.max_draft, limit)
+        copying = self.copies is not None and self.copy_ready is not None and self.copy_ready()
+        self.chosen = self.copies if copying else self.policy
+        k = self.chosen.choose(limit) if self.chosen is not None else min(self.max_draft, limit)
         return Speculate(k) if k > 0 else Plain()
 
     def split(self) -> bool:
         """Time this round's draft and verify apart (a sync between them)?"""
-        return self.policy is not None and self.policy.split()
+        return self.chosen is not None and self.chosen.split()
 
     def observe_round(self, k: int, n: int, *, round_s: float, fed: int,
-                      draft_s: float | None = None, verify_s: float | None = None) -> None:
-        """A round drafted k and the target accepted n; draft_s / verify_s when it was split."""
-        if self.policy is not None:
-            self.policy.observe(k, n, draft_s, verify_seconds=verify_s, round_seconds=round_s,
-                                fed=fed)
+                      draft_s: float | None = None, verify_s: float | None = None,
+                      copied: bool = False) -> None:
+        """A round drafted k and the target accepted n; draft_s / verify_s when it was split;
+        copied: its drafts were a copy (they teach the copies' policy, where there is one)."""
+        source = self.copies if copied and self.copies is not None else self.policy
+        for policy in self._policies():
+            if policy is source:
+                policy.observe(k, n, draft_s, verify_seconds=verify_s, round_seconds=round_s,
+                               fed=fed)
+            else:
+                policy.age(n + 1)
 
     def observe_plain(self, seconds: float) -> None:
         """One plain token, timed from the run's start or the token before: its text ages the
-        policy's evidence, and the run's cost is reported whole (first step included)."""
+        policies' evidence, and the run's cost is reported whole (first step included)."""
         if self.policy is None:
             return
-        self.policy.age()
+        for policy in self._policies():
+            policy.age()
         self._plain_s, self._plain_n = self._plain_s + seconds, self._plain_n + 1
         if self._plain_n == PLAIN_RUN_REPORT:
             self.end_plain_run()
 
     def end_plain_run(self) -> None:
-        if self.policy is not None:
-            self.policy.observe_plain(self._plain_s, self._plain_n)
+        for policy in self._policies():
+            policy.observe_plain(self._plain_s, self._plain_n)
         self._plain_s, self._plain_n = 0.0, 0

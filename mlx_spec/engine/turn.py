@@ -100,7 +100,9 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
     check_prompt(conv, prompt)
     sampler = Sampler(sampling or SamplingConfig())
     policy = conv.policy = conv.policy_for(sampler.cfg.greedy)
-    schedule = Schedule(policy, conv.max_draft, drafting=conv.drafter is not None)
+    conv.copy_policy = conv.policy_for(sampler.cfg.greedy, copies=True)
+    schedule = Schedule(policy, conv.max_draft, drafting=conv.drafter is not None,
+                        copies=conv.copy_policy, copy_ready=conv.copy_ready)
     schedule.new_turn()
     eos = set() if ignore_eos else conv.eos
     decoder = IncrementalDecoder(conv.tokenizer)
@@ -201,7 +203,7 @@ def speculate(conv: Conversation, k: int, sampler: Sampler, schedule: Schedule, 
     tally.add_pass(k, n, draft_s, verify_s)
     schedule.observe_round(k, n, round_s=time.perf_counter() - round_start, fed=draft.fed,
                            draft_s=draft_s if split else None,
-                           verify_s=verify_s if split else None)
+                           verify_s=verify_s if split else None, copied=draft.copied)
     last = Kind.TARGET if k == 0 else Kind.BONUS if n == k else Kind.CORRECTED
     yield new, ([Kind.ACCEPTED] * n + [last])[: len(new)]
 

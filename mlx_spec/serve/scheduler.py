@@ -216,13 +216,17 @@ class Scheduler:
         rows whose turn has begun, if there are two or more and they verify in one pass; else
         no cap, each policy choosing alone. True when capped."""
         rows = [run for run in running if run.conv.policy is not None]
-        policies: list[AdaptiveDraftLength] = [run.conv.policy for run in rows]
+        # each row priced by the policy that will choose its round (a ready copy's, or its
+        # model's); the cap binds both
+        policies: list[AdaptiveDraftLength] = [run.conv.round_policy() for run in rows]
         cap = None
         if len(rows) > 1 and batchable([run.conv for run in rows]):
             costs = self.engine.costs(policies[0].k_max).verify
             cap = self.batch.cap(policies, costs)
-        for policy in policies:
-            policy.cap = cap
+        for run in rows:
+            for policy in (run.conv.policy, run.conv.copy_policy):
+                if policy is not None:
+                    policy.cap = cap
         return cap is not None
 
     def _advance(self, run: _Running) -> bool:
