@@ -30,12 +30,13 @@ def test_bench_runs_and_greedy_rows_agree(tmp_path):
         assert r["tok_s"] > 0
     assert "| row |" in (tmp_path / "BENCH.md").read_text()
     assert {"200-token prompt target-only T=0", "200-token prompt ours mtp auto T=0"} <= names
-    auto_ratios = {f"ours {d} auto T={t} ÷ ours {d} k={k} T={t}" for d in ("mtp", "twin draft")
-                   for t in (0, 1) for k in (1, 2)}
+    assert {"ours mtp+lookup k=2 T=0", "ours mtp+lookup auto T=0"} <= names
+    auto_ratios = {f"ours {d} auto T={t} ÷ ours {d} k={k} T={t}"
+                   for d in ("mtp", "twin draft", "mtp+lookup") for t in (0, 1) for k in (1, 2)}
     assert set(saved["parity"]) - auto_ratios == {
         "target-only ÷ mlx-lm generate_step T=0", "target-only ÷ mlx-lm generate_step T=1",
         "demo f32 mtp auto ÷ demo f32 target-only T=0"}  # the variant a CPU opens
-    assert len(set(saved["parity"]) & auto_ratios) == 4  # each auto row against its best k
+    assert len(set(saved["parity"]) & auto_ratios) == 6  # each auto row against its best k
     assert all(len(p["pairs"]) >= 1 and p["median"] > 0 for p in saved["parity"].values())
     hybrid = saved["hybrid"]  # the hybrid group: rows, both rollback strategies, parity
     assert {"hybrid target-only T=0", "hybrid ours draft (twin) k=2 T=0",

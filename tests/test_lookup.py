@@ -193,8 +193,8 @@ class Recorder:
 
 def test_the_schedule_asks_the_copies_policy_when_a_copy_is_ready():
     """A ready copy: the copies' policy chooses k (here 8, the model's 0 would have gone
-    plain) and learns from the round; the model's only ages by the round's tokens. No copy:
-    the model's chooses. A copy that was not ready at the choice still teaches the copies'."""
+    plain) and learns from the round; the model's only ages by the round's tokens. No copy,
+    or copies that do not pay: the model's chooses, and its round may not copy."""
     from mlx_spec.engine.schedule import Plain, Schedule, Speculate
 
     model, copies, ready = Recorder(0), Recorder(8), [True]
@@ -205,9 +205,30 @@ def test_the_schedule_asks_the_copies_policy_when_a_copy_is_ready():
     ready[0] = False
     assert s.next(left=100, room=100) == Plain()
     model.k = 3
-    assert s.next(left=100, room=100) == Speculate(3)
+    assert s.next(left=100, room=100) == Speculate(3, copy=False)
     s.observe_round(3, 1, round_s=0.1, fed=1)
     assert model.observed == [(3, 1)] and copies.aged == 2
+    ready[0], copies.k = True, 0  # a copy is ready but copies do not pay: the model's round
+    assert s.next(left=100, room=100) == Speculate(3, copy=False)
     s.observe_plain(0.01)
     s.end_plain_run()
     assert model.plain == copies.plain == [1]  # plain decoding's cost: both learn it
+
+
+def test_a_round_the_engine_gave_the_model_is_not_copied(load):
+    """DraftContext.copy False (the schedule chose the model's round): the lookup drafter
+    drafts with its model even where a copy is ready, alone and in batched rows."""
+    from mlx_spec.sampling import Sampler
+
+    target, tok = load("qwen3")
+    d = LookupFirst(make_head(target, "shared-kv"))
+    conv = conversation(target, tok, d, draft_length=4)
+    conv.prefill(looping_prompt())  # its last 3 tokens appeared 8 before
+    assert conv.copy_ready()
+    ctx = conv.draft_context()
+    assert d.draft(conv.drafter_state, ctx, 4, Sampler(SamplingConfig())).copied
+    conv.may_copy = False
+    ctx = conv.draft_context()
+    assert not d.draft(conv.drafter_state, ctx, 4, Sampler(SamplingConfig())).copied
+    rows = d.draft_rows([conv.drafter_state], [ctx], [4], [Sampler(SamplingConfig())])
+    assert rows is not None and not rows[0].copied

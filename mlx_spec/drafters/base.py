@@ -51,6 +51,7 @@ class DraftContext:
     target_cache: list[Any]
     hidden: mx.array | None = None
     hidden_start: int = 0
+    copy: bool = True  # a lookup drafter may copy this round (False: the engine chose its model)
 
 
 class DrafterState(Protocol):

@@ -63,7 +63,7 @@ class LookupFirst:
         return bool(self.ngram.lookup(state.index, tokens, 1)[0])
 
     def draft(self, state: LookupState, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
-        copy, _ = self.ngram.lookup(state.index, ctx.tokens, k)
+        copy = self.ngram.lookup(state.index, ctx.tokens, k)[0] if ctx.copy else []
         if copy:
             return point_mass(copy, ctx.target.vocab_size, sampler)
         return self.inner.draft(state.inner, ctx, k, sampler)
@@ -72,7 +72,7 @@ class LookupFirst:
                    samplers: list[Sampler]) -> list[Draft] | None:
         """Copied rows from the index; the others in one batched chain of the model drafter
         (None, each drafting alone, where it cannot batch them)."""
-        copies = [self.ngram.lookup(s.index, c.tokens, k)[0]
+        copies = [self.ngram.lookup(s.index, c.tokens, k)[0] if c.copy else []
                   for s, c, k in zip(states, ctxs, ks, strict=True)]
         rest = [r for r, copy in enumerate(copies) if not copy]
         drafted: list[Draft] = []

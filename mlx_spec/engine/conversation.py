@@ -51,6 +51,7 @@ class Conversation:
         self.policies: dict[tuple[str, bool], AdaptiveDraftLength] = {}
         self.policy: AdaptiveDraftLength | None = None  # the last turn's (None: a fixed k)
         self.copy_policy: AdaptiveDraftLength | None = None  # its copies' (lookup drafters)
+        self.may_copy = True  # this round may be a copy (the schedule's choice of source)
         self.eos = set(engine.eos)
         self.reset()
 
@@ -132,7 +133,7 @@ class Conversation:
         return self.drafter.nbytes() + self.drafter_state.nbytes()
 
     def _context(self, hidden: mx.array | None = None, start: int = 0) -> DraftContext:
-        return DraftContext(self.target, self.tokens, self.cache, hidden, start)
+        return DraftContext(self.target, self.tokens, self.cache, hidden, start, self.may_copy)
 
     def draft_context(self) -> DraftContext:
         """What the drafter reads to draft now (batch.draft_together drafts several)."""

@@ -20,6 +20,7 @@ PLAIN_RUN_REPORT = 64  # a long plain run (speculation off) reports its cost eve
 @dataclass(frozen=True)
 class Speculate:
     k: int  # drafts in the round, >= 1
+    copy: bool = True  # a lookup drafter may copy (False: its model drafts this round)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class Schedule:
     next draft would be one: such a round's k, and whether to draft at all, come from the
     copies' record (no drafting cost; right to the end in a loop, seldom elsewhere), the rest
     from the model's. Each round teaches the policy of the source that drafted it; the text
-    ages both."""
+    ages both. Where the copies' policy says copies do not pay now, the model's decides, and
+    its round is the model's (Speculate.copy False)."""
 
     def __init__(self, policy: AdaptiveDraftLength | None, max_draft: int, *,
                  drafting: bool, copies: AdaptiveDraftLength | None = None,
@@ -73,10 +75,15 @@ class Schedule:
         limit = min(left - 1, room - 1)  # a round emits its drafts and one token more
         if not self.drafting or limit <= 0:
             return Plain()
-        copying = self.copies is not None and self.copy_ready is not None and self.copy_ready()
-        self.chosen = self.copies if copying else self.policy
-        k = self.chosen.choose(limit) if self.chosen is not None else min(self.max_draft, limit)
-        return Speculate(k) if k > 0 else Plain()
+        if self.copies is not None and self.copy_ready is not None and self.copy_ready():
+            self.chosen = self.copies
+            k = self.copies.choose(limit)
+            if k > 0:
+                return Speculate(k)
+            # copies do not pay now: the model's round, if it does
+        self.chosen = self.policy
+        k = self.policy.choose(limit) if self.policy is not None else min(self.max_draft, limit)
+        return Speculate(k, copy=self.copies is None) if k > 0 else Plain()
 
     def split(self) -> bool:
         """Time this round's draft and verify apart (a sync between them)?"""

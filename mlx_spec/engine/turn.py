@@ -145,6 +145,7 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
             rounds = (plain_rounds(conv, sampler, lambda: more(0), schedule, turn.tally)
                       if rounds_only else plain_run(conv, sampler, more, schedule, turn.tally))
         else:
+            conv.may_copy = step.copy
             rounds = speculate(conv, step.k, sampler, schedule, turn.tally,
                                lambda new: _stop_point(new, turn.left, eos)[0])
         reason, reply = "", None
