@@ -149,7 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--draft-model")
     sv.add_argument("--mtp")
     sv.add_argument("--num-draft", "-k", default=None)
-    add_lookup_option(sv)
+    sv.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
+                    help="copy drafts from each request's own text first where its last tokens "
+                         "appeared before (editors and agents resend code), else the drafter "
+                         "drafts (default: on)")
     add_split_options(sv)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8080)

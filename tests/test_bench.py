@@ -101,7 +101,7 @@ def test_serve_group_streams_our_sides_and_reports_the_goals(tmp_path):
     serve = ServeConfig(concurrency=(1, 2), max_tokens=6, pairs=1, overhead_pairs=1,
                         warmup_tokens=2, timeout_s=60, mlx_lm=False)  # mlx-lm: the next test
     result = bench_serve(tiny, tmp_path, log=lambda s: None, serve=serve)
-    keys = {"spec", "plain", "draft"}
+    keys = {"spec", "plain", "draft", "no_lookup"}  # spec: serve's default, with lookup
     assert {s["key"] for s in result["sides"]} == keys
     assert not [s["url"] for s in result["sides"] if healthy(s["url"])]  # all closed
     assert result["greedy"] == {"streams": 3 * len(keys), "differ": []}
@@ -112,7 +112,8 @@ def test_serve_group_streams_our_sides_and_reports_the_goals(tmp_path):
         # ours report what each request drafted (auto may draft nothing on a tiny target)
         assert sides["spec"]["drafted_per_pass"] >= 0 and sides["plain"]["drafted_per_pass"] == 0
         assert sides["plain"]["acceptance"] is None  # nothing drafted: no acceptance
-        assert set(level["ratios"]) == {"spec ÷ plain", "draft ÷ plain"}
+        assert set(level["ratios"]) == {"spec ÷ plain", "draft ÷ plain", "no_lookup ÷ plain",
+                                        "spec ÷ no_lookup"}
         assert all(len(p["pairs"]) == 1 for p in level["ratios"].values())
     assert sides["plain"]["rounds_per_pass"] >= 1  # the server's verify counters were read
     assert [g["goal"] for g in result["goals"]] == [
@@ -121,7 +122,8 @@ def test_serve_group_streams_our_sides_and_reports_the_goals(tmp_path):
         "(a) served ÷ generate, tok/s at 1 stream"]
     assert set(result["overhead"]) == {"spec", "plain"}
     md = (tmp_path / "BENCH-serve.md").read_text()
-    assert "| (a) ours mtp auto | 2 |" in md and "## The issue's goals" in md
+    assert "| (a) ours mtp+lookup auto | 2 |" in md and "| (a) ours mtp auto | 2 |" in md
+    assert "## The issue's goals" in md
     assert "the mlx-lm sides were not run" in md
     plain = next(line for line in md.splitlines() if line.startswith("| (b) ours target-only"))
     assert plain.endswith("| 0.00 | – |")  # nothing drafted: no acceptance, never a 0%

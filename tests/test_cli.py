@@ -171,3 +171,14 @@ def test_an_unexpected_failure_is_one_line_too(monkeypatch, capsys):
     monkeypatch.setenv("MLX_SPEC_DEBUG", "1")
     with pytest.raises(OSError):
         main(["models"])
+
+
+def test_serve_drafts_copies_first_unless_told_not_to():
+    """`serve` defaults to --lookup (editors and agents resend code); generate and chat opt in."""
+    from mlx_spec.cli import build_parser, spec_from_args
+
+    p = build_parser()
+    assert spec_from_args(p.parse_args(["serve"])).lookup is True
+    assert spec_from_args(p.parse_args(["serve", "--no-lookup"])).lookup is False
+    assert spec_from_args(p.parse_args(["generate", "--prompt", "x"])).lookup is False
+    assert spec_from_args(p.parse_args(["generate", "--prompt", "x", "--lookup"])).lookup is True

@@ -10,7 +10,7 @@ from typing import Any
 from .report import cell, machine_line, write_json
 
 LABELS = {"spec": "(a)", "plain": "(b)", "draft": "", "mlx_lm": "(c)", "mlx_lm_draft": "(c)",
-          "lookup": "(a)"}
+          "no_lookup": "(a)"}
 
 
 def write_serve(result: dict[str, Any], out: Path) -> None:
@@ -44,13 +44,14 @@ def serve_header(result: dict[str, Any]) -> list[str]:
         f"Target: the bench's widened demo target ({result['target']['params'] / 1e6:.0f}M "
         f"params, f32, {cfg['hidden']}×{cfg['layers']}), as in [BENCH.md](BENCH.md). Sides, "
         "each an HTTP server on 127.0.0.1: **(a)** "
-        f"`{names['spec']}` (its MTP head, `--num-draft auto`), **(b)** `{names['plain']}` "
+        f"`{names['spec']}` (serve's default: its MTP head behind prompt lookup, a copy of the "
+        "stream's own earlier text where its last 3 tokens appeared before, `--num-draft "
+        f"auto`), **(b)** `{names['plain']}` "
         "(no drafter; plain steps of all streams batched in one pass), "
         f"`{names['draft']}` (the demo draft model, {result['draft_params'] / 1e6:.1f}M "
         "params f32, `auto`: the pair mlx-lm can load too)"
-        + (f", **(a)** with `--lookup` `{names['lookup']}` (prompt lookup first: a copy of "
-           "the stream's own earlier text where its last 3 tokens appeared before, else the "
-           "MTP head)" if "lookup" in names else "")
+        + (f", **(a)** with `--no-lookup` `{names['no_lookup']}` (the MTP head alone)"
+           if "no_lookup" in names else "")
         + (f", and **(c)** `mlx_lm.server` on the same weights saved to disk, without and "
            f"with that draft model (`--draft-model`, `--num-draft-tokens {cfg['num_draft']}`; "
            "with a draft it serves one request at a time), `--prompt-cache-size 0` (ours keeps "
