@@ -67,9 +67,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_lookup_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lookup", action="store_true",
-                   help="copy drafts from the conversation's own text first, where its last "
-                        "tokens appeared before (code, edits, loops), else the drafter drafts")
+    p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
+                   help="copy drafts from the conversation's own text first where its last "
+                        "tokens appeared before (code, edits, loops), else the drafter drafts "
+                        "(default: on; lossless either way)")
 
 
 def add_split_options(p: argparse.ArgumentParser) -> None:
@@ -149,10 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--draft-model")
     sv.add_argument("--mtp")
     sv.add_argument("--num-draft", "-k", default=None)
-    sv.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
-                    help="copy drafts from each request's own text first where its last tokens "
-                         "appeared before (editors and agents resend code), else the drafter "
-                         "drafts (default: on)")
+    add_lookup_option(sv)
     add_split_options(sv)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8080)

@@ -146,13 +146,10 @@ def load_engine(spec: LoadSpec | None = None):
             draft_model = find_eagle3_head(model)  # one train-drafter wrote beside the model
         chosen = ("draft" if draft_model else
                   "mtp" if (spec.mtp or find_mtp_head(model, target)) else "none")
-    d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=spec.mtp)
+    d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=spec.mtp,
+                     lookup=spec.lookup)
     if target.ranks > 1:
         check_split_drafter(d)
-    if spec.lookup and d is not None and chosen != "ngram":
-        from .drafters.lookup import LookupFirst
-
-        d = LookupFirst(d)
     num_draft = spec.num_draft
     if num_draft is None:  # the drafter's own length where its files give one, else auto
         own = getattr(d, "default_k", None)
@@ -175,6 +172,7 @@ def load_split_or_whole(model: str | Path, spec: LoadSpec, *, dtype: str | None 
 def check_split_drafter(drafter: Any) -> None:
     """Drafters that read the target's KV cache directly cannot follow it onto other machines
     (a tensor split holds a slice of every layer's heads; a pipeline the layers elsewhere)."""
+    drafter = getattr(drafter, "inner", drafter)  # behind prompt lookup: the model drafter
     reads_kv = drafter is not None and (
         drafter.name == "draft-assistant" or getattr(getattr(drafter, "cfg", None), "kind",
                                                      None) == "shared-kv")
@@ -184,14 +182,21 @@ def check_split_drafter(drafter: Any) -> None:
                              "published MTP head (nextn), EAGLE-3 (--tensor) or --drafter ngram")
 
 
-def make_drafter(kind: str, target: TargetModel, *, model_path=None, draft_model=None, mtp=None):
-    """A drafter of `kind` (kinds.DRAFTERS) for `target`; None for "none"."""
+def make_drafter(kind: str, target: TargetModel, *, model_path=None, draft_model=None, mtp=None,
+                 lookup: bool = False):
+    """A drafter of `kind` (kinds.DRAFTERS) for `target`; None for "none". lookup: a model
+    drafter behind prompt lookup (drafters/lookup.py; "ngram" is lookup already)."""
     build = {"none": lambda: None, "ngram": _ngram, "mtp": lambda: _mtp(target, model_path, mtp),
              "draft": lambda: _draft_model(target, draft_model)}
     assert build.keys() == DRAFTERS.keys()
     if kind not in build:
         raise ModelLoadError(f"unknown drafter {kind!r} (one of {', '.join(DRAFTERS)})")
-    return build[kind]()
+    drafter = build[kind]()
+    if lookup and drafter is not None and kind != "ngram":
+        from .drafters.lookup import LookupFirst
+
+        drafter = LookupFirst(drafter)
+    return drafter
 
 
 def _ngram():

@@ -159,7 +159,8 @@ class EngineInThread:
                 if drafter not in self._drafters:
                     self._drafters[drafter] = make_drafter(
                         drafter, conv.target, model_path=self.spec.model,
-                        draft_model=self.spec.draft_model, mtp=self.spec.mtp)
+                        draft_model=self.spec.draft_model, mtp=self.spec.mtp,
+                        lookup=self.spec.lookup)
                 conv.set_drafter(self._drafters[drafter])
             if draft_length is not None:
                 conv.set_draft_length(draft_length)
