@@ -182,15 +182,31 @@ def test_the_cli_serves_the_demo_pair_and_stops(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "mlx_spec.cli", "serve", "--port", str(port)],
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    rest: list[str] = []  # read as it comes: a full pipe must not be what stops it exiting
+    reader = None
     try:
         line = proc.stderr.readline()
+        reader = threading.Thread(target=lambda: rest.extend(proc.stderr), daemon=True)
+        reader.start()
         assert f"127.0.0.1:{port}/v1" in line and "drafter mtp" in line, line
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
         assert c.chat.completions.create(model="demo", messages=CHAT, max_tokens=8).choices
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0, proc.stderr.read()
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:  # every thread's stack, for the message
+            proc.send_signal(signal.SIGABRT)  # (PYTHONFAULTHANDLER prints them)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            code = None
+        if reader is not None:
+            reader.join(5)
+        assert code == 0, "".join(rest)[-4000:]
 
 
 def test_an_auto_server_calibrates_while_idle(pair, tmp_path):
