@@ -67,10 +67,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_lookup_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lookup", action="store_true",
+    p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
                    help="copy drafts from the conversation's own text first where its last "
                         "tokens appeared before (code, edits, loops), else the drafter drafts "
-                        "(lossless either way)")
+                        "(default: on; lossless either way)")
 
 
 def add_split_options(p: argparse.ArgumentParser) -> None:

@@ -28,7 +28,7 @@ def test_json_output_matches_target_only(model_dirs, capsys):
                "--raw", "--max-tokens", 12, "--json", "-k", 3) == 0
     spec = json.loads(capsys.readouterr().out)
     assert set(spec) >= {"prompt_ids", "tokens", "kinds", "text", "stats"}
-    assert spec["stats"]["drafter"] == "draft" and spec["stats"]["target_passes"] > 0
+    assert spec["stats"]["drafter"] == "draft+lookup" and spec["stats"]["target_passes"] > 0
     assert set(spec["kinds"]) <= {"accepted", "corrected", "bonus", "target"}
     assert gen("--model", target, "--drafter", "none", "--prompt", "def f", "--raw",
                "--max-tokens", 12, "--json") == 0
@@ -173,13 +173,14 @@ def test_an_unexpected_failure_is_one_line_too(monkeypatch, capsys):
         main(["models"])
 
 
-def test_the_commands_draft_copies_first_when_asked():
-    """generate, chat and serve take --lookup (off unless given, as the library's LoadSpec)."""
+def test_the_commands_draft_copies_first_unless_told_not_to():
+    """generate, chat and serve default to --lookup; --no-lookup turns it off. (The library's
+    LoadSpec leaves it off unless asked.)"""
     from mlx_spec.cli import build_parser, spec_from_args
     from mlx_spec.spec import LoadSpec
 
     p = build_parser()
     for command in (["serve"], ["chat"], ["generate", "--prompt", "x"]):
-        assert spec_from_args(p.parse_args(command)).lookup is False
-        assert spec_from_args(p.parse_args([*command, "--lookup"])).lookup is True
+        assert spec_from_args(p.parse_args(command)).lookup is True
+        assert spec_from_args(p.parse_args([*command, "--no-lookup"])).lookup is False
     assert LoadSpec().lookup is False

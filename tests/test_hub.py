@@ -161,7 +161,7 @@ def test_fresh_pull_then_generate_on_the_downloaded_pair(server, capsys):
     assert main(["generate", "--model", "tiny-pair", "--prompt", "def f(", "--max-tokens", "8",
                  "--json", "--raw"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["stats"]["drafter"] == "draft" and len(out["tokens"]) == 8
+    assert out["stats"]["drafter"] == "draft+lookup" and len(out["tokens"]) == 8
 
 
 def test_models_lists_presets_fit_and_downloads(server, capsys):
@@ -381,14 +381,14 @@ def test_chat_opens_a_cached_preset_on_local_paths_and_pulls_a_missing_one(serve
                         lambda spec, **kw: calls.append((spec, kw)) or 0)
     assert main(["chat", "tiny-pair", "-k", "3"]) == 0
     # nothing cached: the app's download screen, the user's options kept for after it
-    assert calls[-1] == (LoadSpec(num_draft=3), dict(pull="tiny-pair"))
+    assert calls[-1] == (LoadSpec(num_draft=3, lookup=True), dict(pull="tiny-pair"))
     launch = hub.pull("tiny-pair")
     before = len(server.requests)
     assert main(["chat", "tiny-pair"]) == 0
     assert calls[-1] == (LoadSpec(model=str(launch.target), drafter="draft",
-                                  draft_model=str(launch.draft_model)), {})
+                                  draft_model=str(launch.draft_model), lookup=True), {})
     assert main(["chat", "tiny-pair", "--drafter", "ngram"]) == 0  # the user's choice stands
-    assert calls[-1][0] == LoadSpec(model=str(launch.target), drafter="ngram")
+    assert calls[-1][0] == LoadSpec(model=str(launch.target), drafter="ngram", lookup=True)
     assert len(server.requests) == before  # opened from the cache, no request
     assert main(["chat", "nope"]) == 2
 
