@@ -183,7 +183,10 @@ def test_the_cli_serves_the_demo_pair_and_stops(tmp_path):
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "mlx_spec.cli", "serve", "--port", str(port)],
                             stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+                            # ctrl+c as a terminal delivers it, even where this test runs as a
+                            # shell's background job (which ignores SIGINT, and so its children)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     rest: list[str] = []  # read as it comes: a full pipe must not be what stops it exiting
     reader = None
     try:
