@@ -69,12 +69,15 @@ def test_demo_group_measures_the_variant_the_app_opens(tmp_path):
     result = bench_demo(TINY, tmp_path, log=lambda s: None)
     assert result["chosen"] == "demo-target (f32)"
     assert [v["target"] for v in result["variants"]] == ["demo-target (f32)", "demo-target-q8"]
-    for v in result["variants"]:
-        assert v["auto_vs_target"]["median"] > 0 and len(v["verify_ms"]) == 5
+    for v in result["variants"]:  # the app's default (lookup first) and the head alone
+        assert v["auto_vs_target"]["median"] > 0 and v["lookup_vs_target"]["median"] > 0
+        assert len(v["verify_ms"]) == 5
     names = [r["name"] for r in result["rows"]]
     assert "demo-target (f32) mtp auto" in names and "demo-target-q8 mtp k=4" in names
+    assert "demo-target (f32) mtp+lookup auto" in names
     text = (tmp_path / "BENCH-demo.md").read_text()
     assert "open **demo-target (f32)** here" in text and "| demo-target-q8 |" in text
+    assert "app's default: mtp+lookup auto ÷ target-only" in text
     assert build_parser().parse_args(["bench", "--group", "demo"]).group == "demo"
 
 
