@@ -378,3 +378,20 @@ def test_trimming_a_recurrent_update_equals_recompute(loaded, arch, strategy):
             assert_cache_equals_recompute(target, cache, seq[:pos])
     assert not kv.can_trim_to(cache, pos - 1, have=pos)  # sealed: a commit is final
 
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next"])
+def test_behind_prompt_lookup_the_published_head_and_the_recurrent_state_hold(loaded, checkpoints,
+                                                                             arch):
+    """--lookup (the CLI's default) around a hybrid's own MTP head (`make_drafter(lookup=)`, as
+    the CLI builds it): copied rounds roll the Gated DeltaNet state back like any other, the
+    head catches up after them; every state a recompute, greedy identical."""
+    target, tok = loaded(arch)
+    prompt = PROMPT + PROMPT[4:12] + PROMPT[4:12]  # copies are ready from the start
+    baseline, _ = run(conversation(target, tok, None), prompt=prompt)
+    drafter = make_drafter("mtp", target, model_path=checkpoints(arch), lookup=True)
+    assert drafter.name.endswith("+lookup") and drafter.inner.cfg.kind == "nextn"
+    engine = conversation(target, tok, drafter, draft_length=4)
+    checked(engine)
+    end, _ = run(engine, prompt=prompt)
+    assert_same_or_near_tie(target, prompt, list(end.tokens), list(baseline.tokens))
