@@ -227,3 +227,16 @@ def sampled_draft(target, drafter, tokens, k, seed):
     drafter.commit(state, DraftContext(target, tokens, cache, taps, 0), 0)
     return drafter.draft(state, DraftContext(target, tokens, cache), k,
                          Sampler(SamplingConfig(temperature=1.0, seed=seed)))
+
+
+def assert_lossless_behind_lookup(target, tokenizer, drafter, k, max_tokens=40):
+    """`drafter` behind prompt lookup (the CLI's default), on a prompt whose last 3 tokens
+    appeared before (copies are ready from the start): greedy output equals target-only and
+    every state equals a recompute after every round, copied or drafted."""
+    prompt = PROMPT + PROMPT[4:12] + PROMPT[4:12]
+    want, _ = run(conversation(target, tokenizer, None), prompt=prompt, max_tokens=max_tokens)
+    wrapped = drafter if isinstance(drafter, LookupFirst) else LookupFirst(drafter)
+    engine = conversation(target, tokenizer, wrapped, draft_length=k)
+    checked(engine)
+    got, _ = run(engine, prompt=prompt, max_tokens=max_tokens)
+    assert_same_or_near_tie(target, prompt, list(got.tokens), list(want.tokens))

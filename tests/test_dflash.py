@@ -206,13 +206,8 @@ def test_auto_reaches_the_whole_block(pair, tmp_path):
 @pytest.mark.parametrize("kind", ["random", "hybrid"])
 def test_behind_prompt_lookup_the_block_drafter_stays_lossless(pair, kind):
     """--lookup (the CLI's default) around a DFlash drafter: its context entries still equal a
-    recompute after copied rounds (checked), and greedy output holds."""
-    from mlx_spec.drafters.lookup import LookupFirst
+    recompute after copied rounds."""
+    from helpers import assert_lossless_behind_lookup
 
     target, tok, drafter = pair(kind)
-    prompt = PROMPT + PROMPT[4:12] + PROMPT[4:12]  # copies are ready from the start
-    want, _ = run(conversation(target, tok, None), prompt=prompt, max_tokens=40)
-    engine = conversation(target, tok, LookupFirst(drafter), draft_length=7)
-    checked(engine)
-    got, _ = run(engine, prompt=prompt, max_tokens=40)
-    assert_same_or_near_tie(target, prompt, list(got.tokens), list(want.tokens))
+    assert_lossless_behind_lookup(target, tok, drafter, 7)
