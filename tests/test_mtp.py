@@ -14,6 +14,7 @@ from helpers import (
     open_chat,
     run,
 )
+from mlx.utils import tree_map
 from test_engine_sampling import (
     CFG,
     assert_both_paths_taken,
@@ -144,3 +145,26 @@ def test_shared_kv_head_reads_a_quantized_cache_in_place(monkeypatch):
     assert_same_or_near_tie(quantized.target, prompt, list(got.tokens), list(baseline.tokens),
                             bits=8)
     assert got.stats.acceptance_rate >= 0.9 * want.stats.acceptance_rate > 0.3
+
+
+def test_compiled_shared_kv_step_equals_the_head(load):
+    """The compiled step (one traced graph, the cache's whole 256-entry buffer with the entries
+    past its offset masked) gives the head's own h' on the stored entries alone: at a length in
+    the first buffer step and one in the second (a new trace), and after the head's weights
+    change (they are the compiled function's inputs, never baked in)."""
+    target, _ = load("qwen3")
+    drafter = make_drafter(target, "shared-kv")
+    for length in (37, 300):
+        cache = target.make_cache()
+        target.forward(list(range(3, 3 + length)), cache, hidden=True)
+        layer = cache[drafter.cfg.kv_layer]
+        assert type(layer) is kv.KVCache and layer.keys.shape[2] > layer.offset
+        keys, values = layer.keys_and_values()
+        emb = drafter._embed([5])
+        h = mx.random.normal((1, 1, target.hidden_size))
+        for _ in range(2):
+            want = drafter.head(emb, h, keys, values, drafter.rope, length)
+            mask = (mx.arange(layer.keys.shape[2]) < layer.offset)[None, None, None]
+            got = drafter.compiled()(emb, h, layer.keys, layer.values, mask, mx.array(length))
+            assert mx.abs(got - want).max().item() < 1e-5
+            drafter.head.update(tree_map(lambda w: w * 1.5, drafter.head.parameters()))
