@@ -6,7 +6,7 @@ import pytest
 from helpers import PROMPT, assert_same_or_near_tie, conversation, run
 
 from mlx_spec.drafters import DraftModelDrafter
-from mlx_spec.engine.adaptive import AdaptiveDraftLength
+from mlx_spec.engine.adaptive import GUESS, AdaptiveDraftLength
 from mlx_spec.engine.batch_length import BatchDraftLength
 from mlx_spec.engine.costs import measure_verify_costs
 
@@ -294,10 +294,11 @@ def test_the_loops_verify_level_is_set_by_its_first_timed_pass():
     assert abs(policy.round_cost(1) - 1.8) < 0.05 * 1.8
 
 
-def test_k_climbs_one_depth_at_a_time():
-    """Every draft accepted on a cheap target: k goes deep, but never past the deepest depth
-    measured so far plus one (and one more to explore): no jump from 3 to 7 on one round."""
-    policy = AdaptiveDraftLength([1.0 + 0.01 * q for q in range(9)], draft_cost=0.001)
+def test_k_climbs_one_depth_at_a_time_where_deeper_rounds_are_dear():
+    """Every draft accepted on a target whose verify pass costs 30% more per token: k goes
+    deep, but never past the deepest depth measured so far plus one (and one more to
+    explore): no jump from 3 to 7 on one round."""
+    policy = AdaptiveDraftLength([1.0 + 0.3 * q for q in range(9)], draft_cost=0.001)
     deepest, ks = 0, []
     for _ in range(40):
         k = policy.choose()
@@ -306,6 +307,27 @@ def test_k_climbs_one_depth_at_a_time():
         deepest = max(deepest, k)
         policy.observe(k, k, draft_seconds=0.001 * k)
     assert deepest == 8
+
+
+def test_k_goes_deep_at_once_where_deeper_rounds_are_nearly_free():
+    """A memory-bound target (1% more per verified token): a depth past the measured ones
+    costs little, so the policy guesses as deep as a round costing at most GUESS more allows
+    (a climb of one depth a round is what cost auto 14% against k = 8 on the bench's looping
+    text), and never deeper than that."""
+    costs = [1.0 + 0.01 * q for q in range(9)]
+    policy = AdaptiveDraftLength(costs, draft_cost=0.001)
+    ks = []
+    for _ in range(6):
+        measured = next((i for i, s in enumerate(policy.seen) if s < 1.0), 8)
+        k = policy.choose()
+        ks.append(k)
+        cost = policy.round_costs(8)
+        assert cost[k] <= (1 + GUESS) * cost[min(8, measured + 1)] + 1e-12, ks
+        policy.observe(k, k, draft_seconds=0.001 * k)
+    assert ks[1] == 8 and ks[-1] == 8, ks
+    # where the guess would be dear, the same evidence keeps the climb
+    steep = AdaptiveDraftLength([1.0 + 0.3 * q for q in range(9)], draft_cost=0.001)
+    assert steep.choose() <= 2
 
 
 def test_one_lucky_probe_does_not_switch_speculation_back_on():

@@ -35,6 +35,8 @@ OPENING_PLAIN = 2  # plain tokens a policy on a prior opens with (see AdaptiveDr
 # ... owed until speculation's lead would hold even if plain decoding cost this share of its
 # bound c(1) (pipelined, it reads 0.72 of a synced one-token pass on the demo q8, ~0.9 on f32)
 PLAIN_FLOOR = 0.7
+# how much dearer than a round at the deepest measured depth (+ 1) a round past it may be (reach)
+GUESS = 0.1
 
 
 class AdaptiveDraftLength:
@@ -216,7 +218,7 @@ class AdaptiveDraftLength:
                                              math.ceil(loss / self.probe_budget)), most)
                 return 1
             return 0
-        best = max(range(1, min(top, self.reach()) + 1), key=lambda k: expected[k] / cost[k])
+        best = max(range(1, self.reach(cost, top) + 1), key=lambda k: expected[k] / cost[k])
         self.on = True
         if self.rounds_off or self.probe_gap != self.probe_every:
             self.rounds_off, self.probe_gap = 0, self.probe_every  # on again: probes reset
@@ -244,12 +246,23 @@ class AdaptiveDraftLength:
             return best + 1
         return best
 
-    def reach(self) -> int:
+    def reach(self, cost: Sequence[float] | None = None, top: int | None = None) -> int:
         """The deepest k to draft now: one past the deepest position measured. A climb goes
         one depth at a time: a k past the measured depths (plus one) is an estimate built on
-        estimates, so one lucky round cannot send k from 3 to 7."""
+        estimates, so one lucky round cannot send k from 3 to 7 — where such a guess is dear.
+        Given the round costs T(0..top): deeper still, as far as a round costs at most GUESS
+        more than one at that depth. Where verifying more tokens is nearly free (a memory-bound
+        target: the widened bench target's round at k = 8 costs 4% more than at k = 4), a
+        wrong guess costs little and the climb cost much: deep positions are measured only in
+        rounds that get there, their evidence ages with the text, and a climb one depth a round
+        started after every phase change of a looping text (auto replayed at 0.86 of k = 8 on
+        the bench prompts' recorded runs at the engine's round costs, 0.96 with GUESS)."""
         measured = next((i for i, s in enumerate(self.seen) if s < 1.0), self.k_max)
-        return min(self.k_max, measured + 1)
+        top = self.k_max if top is None else min(top, self.k_max)
+        reach = min(top, measured + 1)
+        if cost is None:
+            return reach
+        return max(k for k in range(reach, top + 1) if cost[k] <= (1 + GUESS) * cost[reach])
 
     def split(self) -> bool:
         """Should this drafting round be timed in parts (the draft synced before the verify)?
