@@ -11,6 +11,8 @@ from helpers import PROMPT, conversation, open_chat
 
 from mlx_spec.bench.replay import RoundCosts, record, record_sampled, replay
 from mlx_spec.drafters import DraftModelDrafter
+from mlx_spec.engine.adaptive import AdaptiveDraftLength
+from mlx_spec.engine.schedule import Schedule, Speculate
 from mlx_spec.sampling import SamplingConfig
 
 # L(t) for 96 tokens of each of the bench's 3 prompts, demo MTP head on the demo f32 target
@@ -113,3 +115,47 @@ def test_auto_keeps_up_with_the_best_fixed_k_at_t1():
     best = max(fixed, key=fixed.get)
     assert best in (5, 6) and fixed[1] < 0.9 * fixed[best], fixed
     assert rate("auto", SAMPLED_TABLES, SAMPLED_COSTS) >= 0.95 * fixed[best], fixed
+
+
+# L(t) and the text (prompt + continuation) for 96 tokens of each of the bench's 3 prompts,
+# today's demo MTP head on the demo f32 target (bench/replay.py: record(..., text=True)): its
+# greedy continuations fall into loops of period 3 and 4 (the second and third prompts)
+LOOPING = json.loads((Path(__file__).parent / "reference" / "mtp_runs_looping.json").read_text())
+
+
+def test_auto_lands_in_phase_on_looping_text():
+    """In a loop, where a round starts decides its run (from one phase the head is right to
+    the end, from the next it fails at once): a fixed k whose rounds advance by a multiple of
+    the period rides the good phase (k = 7 on the period-4 loop), a stationary α per position
+    cannot see it, and auto without the text replays well behind k = 8. With the text
+    (Schedule.in_phase: after a whole round, k + 1 a multiple of the period) it keeps up with
+    the best fixed k."""
+    runs, texts = LOOPING["runs"], LOOPING["texts"]
+    fixed = {k: rate(k, runs) for k in range(1, 9)}
+    best = max(fixed, key=fixed.get)
+    assert best == 7 and fixed[7] > 1.05 * fixed[8], fixed
+    assert rate("auto", runs) < 0.97 * fixed[8], fixed
+    assert rate("auto", runs, texts=texts) >= 0.97 * fixed[best], fixed
+
+
+def test_in_phase_drafts_a_multiple_of_the_period():
+    """After a whole round in text looping with period p: the deepest k with k + 1 a multiple
+    of p; after a partial round, or outside a loop, the policy's own k (what the same policy
+    chooses with no text: a sampled turn's)."""
+    def choose_after(k: int, n: int, loop: list[int], *, text: bool = True) -> int:
+        words = [7, 8, 9] + loop * 6
+        policy = AdaptiveDraftLength([1.0 + 0.02 * q for q in range(9)], plain_cost=1.0)
+        schedule = Schedule(policy, 8, drafting=True, text=(lambda: words) if text else None)
+        schedule.observe_round(k, n, round_s=1.0, fed=1)
+        step = schedule.next(left=50, room=500)
+        assert isinstance(step, Speculate)
+        return step.k
+
+    assert choose_after(4, 4, [1, 2, 3]) == 8  # 9 tokens: three periods
+    assert choose_after(4, 4, [1, 2, 3, 4]) == 7
+    assert choose_after(4, 4, [1, 2, 3, 4, 5]) == 4
+    assert choose_after(4, 4, [1, 2]) == 7
+    assert choose_after(4, 4, [1, 2, 3, 4], text=False) not in (3, 7)  # (or the test is moot)
+    assert choose_after(4, 2, [1, 2, 3, 4]) == choose_after(4, 2, [1, 2, 3, 4], text=False)
+    no_loop = list(range(20, 40))
+    assert choose_after(4, 4, no_loop) == choose_after(4, 4, no_loop, text=False)

@@ -41,10 +41,12 @@ from ..sampling import Sampler, SamplingConfig
 Position = int | Sequence[float]
 
 
-def record(conv: Conversation, prompt: list[int], tokens: int, *, depth: int = 8) -> list[int]:
+def record(conv: Conversation, prompt: list[int], tokens: int, *, depth: int = 8,
+           text: bool = False) -> list[int] | tuple[list[int], list[int]]:
     """L(t) for t < tokens: the target's greedy continuation of `prompt`, then, from each
     committed prefix, how many of `depth` greedy drafts equal it (one prefill per position:
-    slow, a tool's cost, not a test's)."""
+    slow, a tool's cost, not a test's). text: also the prompt and those `tokens` of its
+    continuation (replay's `texts`)."""
     conv.reset()
     end = list(conv.generate(prompt, max_tokens=tokens + depth, ignore_eos=True))[-1]
     assert isinstance(end, TurnEnd)
@@ -58,7 +60,7 @@ def record(conv: Conversation, prompt: list[int], tokens: int, *, depth: int = 8
         while n < depth and drafts[n] == out[t + n]:
             n += 1
         runs.append(n)
-    return runs
+    return (runs, prompt + out[:tokens]) if text else runs
 
 
 def record_sampled(conv: Conversation, prompt: list[int], tokens: int, sampling: SamplingConfig,
@@ -112,12 +114,14 @@ class RoundCosts:
 
 def replay(tables: list[list[Position]], costs: RoundCosts, num_draft: int | str, *,
            noise: float = 0.05, seed: int = 0, prior: Sequence[float] | None = None,
-           **policy_options) -> list[float]:
+           texts: list[list[int]] | None = None, **policy_options) -> list[float]:
     """Tokens per simulated second on each table in turn (one conversation: an `auto` policy
     carries over from prompt to prompt, as in the bench), each rate timed as the bench times
     one: (tokens − 1) / (last arrival − first). Every timing is multiplied by exp(N(0, noise)).
     prior: verify costs an `auto` policy starts from instead of the true ones, not measured (as
-    on a fresh engine: calibration.prior), its plain cost their c(1)."""
+    on a fresh engine: calibration.prior), its plain cost their c(1). texts: each table's
+    prompt and continuation (`record(..., text=True)`): the schedule then reads the text
+    committed so far, as a greedy turn's does (Schedule.in_phase)."""
     rng = random.Random(seed)
     policy = None
     if num_draft == "auto" and prior is not None:
@@ -125,18 +129,25 @@ def replay(tables: list[list[Position]], costs: RoundCosts, num_draft: int | str
                                      **policy_options)
     elif num_draft == "auto":
         policy = AdaptiveDraftLength(costs.verify, plain_cost=costs.plain, **policy_options)
-    schedule = Schedule(policy, 0 if num_draft == "auto" else int(num_draft), drafting=True)
-    return [_turn(runs, costs, schedule, rng, noise) for runs in tables]
+    committed: list[int] = []
+    schedule = Schedule(policy, 0 if num_draft == "auto" else int(num_draft), drafting=True,
+                        text=(lambda: committed) if texts is not None else None)
+    return [_turn(runs, costs, schedule, rng, noise, texts[i] if texts else None, committed)
+            for i, runs in enumerate(tables)]
 
 
 def _turn(runs: list[Position], costs: RoundCosts, schedule: Schedule, rng: random.Random,
-          noise: float) -> float:
+          noise: float, text: list[int] | None = None, committed: list[int] | None = None
+          ) -> float:
     """One prompt's turn, driven by the engine's own Schedule as Conversation.generate drives
-    it: a plain run lasts until the schedule asks for something else."""
+    it: a plain run lasts until the schedule asks for something else. text: the prompt and
+    its continuation, kept in `committed` up to the position reached."""
     def jitter(seconds: float) -> float:
         return seconds * math.exp(rng.gauss(0.0, noise))
 
     def decide(ahead: int = 0):
+        if text is not None and committed is not None:
+            committed[:] = text[: len(text) - len(runs) + len(arrivals)]
         return schedule.next(left=len(runs) - len(arrivals) - ahead, room=len(runs) + 1)
 
     schedule.new_turn()

@@ -9,12 +9,23 @@ rounds that carry it out report back through `observe_*`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .adaptive import AdaptiveDraftLength
 
-PLAIN_RUN_REPORT = 64  # a long plain run (speculation off) reports its cost every this many
+PLAIN_RUN_REPORT = 64
+LOOP_CHECK = 8  # a text loops with period p where its last LOOP_CHECK + p tokens repeat by p
+
+
+def loop_period(text: Sequence[int], most: int) -> int:
+    """The shortest period p <= most of the text's end (each of its last LOOP_CHECK tokens
+    equals the one p before it), or 0 where it does not loop."""
+    for p in range(1, most + 1):
+        if len(text) >= p + LOOP_CHECK and all(text[-i] == text[-i - p]
+                                               for i in range(1, LOOP_CHECK + 1)):
+            return p
+    return 0  # a long plain run (speculation off) reports its cost every this many
 
 
 @dataclass(frozen=True)
@@ -46,12 +57,17 @@ class Schedule:
     copies' record (no drafting cost; right to the end in a loop, seldom elsewhere), the rest
     from the model's. Each round teaches the policy of the source that drafted it; the text
     ages both. Where the copies' policy says copies do not pay now, the model's decides, and
-    its round is the model's (Speculate.copy False)."""
+    its round is the model's (Speculate.copy False). text: the committed text, for greedy
+    turns with auto (at T = 0 a round's outcome is a function of it): after a whole round in a
+    loop, k is chosen for where the next round lands (`in_phase`)."""
 
     def __init__(self, policy: AdaptiveDraftLength | None, max_draft: int, *,
                  drafting: bool, copies: AdaptiveDraftLength | None = None,
-                 copy_ready: Callable[[], bool] | None = None) -> None:
+                 copy_ready: Callable[[], bool] | None = None,
+                 text: Callable[[], Sequence[int]] | None = None) -> None:
         self.policy, self.max_draft, self.drafting = policy, max_draft, drafting
+        self.text = text if policy is not None else None
+        self.full = False  # the last model round's drafts were all accepted
         self.copies, self.copy_ready = copies, copy_ready
         self.chosen = policy  # the policy that chose the round under way
         self._plain_s, self._plain_n = 0.0, 0
@@ -83,7 +99,31 @@ class Schedule:
             # copies do not pay now: the model's round, if it does
         self.chosen = self.policy
         k = self.policy.choose(limit) if self.policy is not None else min(self.max_draft, limit)
+        if k > 0 and self.full and self.text is not None:
+            k = self.in_phase(k, limit)
         return Speculate(k, copy=self.copies is None) if k > 0 else Plain()
+
+    def in_phase(self, k: int, limit: int) -> int:
+        """After a round whose drafts were all accepted, in text that loops with period p: the
+        deepest k with k + 1 a multiple of p (else the policy's k). At T = 0 which drafts are
+        accepted is a function of the text, and in a loop of the text's start position's
+        phase: a whole round of k + 1 ≡ 0 (mod p) tokens lands on the phase it started from,
+        where the drafts were all right, so the next one will most likely be whole again; any
+        other k lands elsewhere in the loop, where the drafter may fail at once (the bench's
+        looping prompts: a fixed k = 7 on a period-4 loop replayed at 1.5× k = 8, and auto,
+        whose α per position cannot see a phase, at 0.92 of k = 8). Kept only where such a
+        round, whole, beats the policy's expectation for its own k."""
+        assert self.policy is not None and self.text is not None
+        cap = self.policy.cap
+        top = min(limit, self.policy.k_max, limit if cap is None else cap)
+        p = loop_period(self.text(), top + 1)
+        if not p:
+            return k
+        whole = (top + 1) // p * p - 1
+        cost = self.policy.round_costs(max(whole, k))
+        if whole < 1 or (whole + 1) / cost[whole] < self.policy.expected_tokens(k) / cost[k]:
+            return k
+        return whole
 
     def split(self) -> bool:
         """Time this round's draft and verify apart (a sync between them)?"""
@@ -94,6 +134,7 @@ class Schedule:
                       copied: bool = False) -> None:
         """A round drafted k and the target accepted n; draft_s / verify_s when it was split;
         copied: its drafts were a copy (they teach the copies' policy, where there is one)."""
+        self.full = not copied and n == k > 0  # (a copy says nothing of the model's phase)
         source = self.copies if copied and self.copies is not None else self.policy
         for policy in self._policies():
             if policy is source:
@@ -105,6 +146,7 @@ class Schedule:
     def observe_plain(self, seconds: float) -> None:
         """One plain token, timed from the run's start or the token before: its text ages the
         policies' evidence, and the run's cost is reported whole (first step included)."""
+        self.full = False
         if self.policy is None:
             return
         for policy in self._policies():

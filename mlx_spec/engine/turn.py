@@ -102,7 +102,8 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
     policy = conv.policy = conv.policy_for(sampler.cfg.greedy)
     conv.copy_policy = conv.policy_for(sampler.cfg.greedy, copies=True)
     schedule = Schedule(policy, conv.max_draft, drafting=conv.drafter is not None,
-                        copies=conv.copy_policy, copy_ready=conv.copy_ready)
+                        copies=conv.copy_policy, copy_ready=conv.copy_ready,
+                        text=(lambda: conv.tokens) if sampler.cfg.greedy else None)
     schedule.new_turn()
     eos = set() if ignore_eos else conv.eos
     decoder = IncrementalDecoder(conv.tokenizer)
