@@ -266,15 +266,15 @@ class MTPDrafter:
             return Draft()
         if self.cfg.kind == "shared-kv":
             layer = ctx.target_cache[self.cfg.kv_layer]
-            keys, values, view = target_kv(layer)
             if type(layer) is kv.KVCache:  # its whole buffer, the entries past its offset masked
-                keys, values = layer.keys, layer.values
-                mask = (mx.arange(keys.shape[2]) < layer.offset)[None, None, None]
+                mask = (mx.arange(layer.keys.shape[2]) < layer.offset)[None, None, None]
 
                 def step(tokens, h, pos):
-                    return self.compiled()(self._embed(tokens), h, keys, values, mask,
-                                           mx.array(pos))
+                    return self.compiled()(self._embed(tokens), h, layer.keys, layer.values,
+                                           mask, mx.array(pos))
             else:
+                keys, values, view = target_kv(layer)
+
                 def step(tokens, h, pos):
                     return self.head(self._embed(tokens), h, keys, values, self.rope, pos,
                                      view=view)
@@ -337,6 +337,7 @@ class MTPDrafter:
 
         def pad(x: mx.array) -> mx.array:
             return mx.pad(x, [(0, 0), (0, 0), (0, width - x.shape[2]), (0, 0)])
+
         keys = mx.concatenate([pad(k) for k, _ in stored])
         values = mx.concatenate([pad(v) for _, v in stored])
         mask = (mx.arange(width)[None] < mx.array(lengths)[:, None])[:, None, None, :]

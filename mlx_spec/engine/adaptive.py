@@ -256,7 +256,7 @@ class AdaptiveDraftLength:
         wrong guess costs little and the climb cost much: deep positions are measured only in
         rounds that get there, their evidence ages with the text, and a climb one depth a round
         started after every phase change of a looping text (auto replayed at 0.86 of k = 8 on
-        the bench prompts' recorded runs at the engine's round costs, 0.96 with GUESS)."""
+        the bench prompts' recorded runs at flat round costs, 0.96 with GUESS)."""
         measured = next((i for i, s in enumerate(self.seen) if s < 1.0), self.k_max)
         top = self.k_max if top is None else min(top, self.k_max)
         reach = min(top, measured + 1)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .adaptive import AdaptiveDraftLength
 
-PLAIN_RUN_REPORT = 64
+PLAIN_RUN_REPORT = 64  # a long plain run (speculation off) reports its cost every this many
 LOOP_CHECK = 8  # a text loops with period p where its last LOOP_CHECK + p tokens repeat by p
 
 
@@ -25,7 +25,7 @@ def loop_period(text: Sequence[int], most: int) -> int:
         if len(text) >= p + LOOP_CHECK and all(text[-i] == text[-i - p]
                                                for i in range(1, LOOP_CHECK + 1)):
             return p
-    return 0  # a long plain run (speculation off) reports its cost every this many
+    return 0
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,8 @@ class Schedule:
     def in_phase(self, k: int, limit: int) -> int:
         """After a round whose drafts were all accepted, in text that loops with period p: the
         deepest k with k + 1 a multiple of p (else the policy's k). At T = 0 which drafts are
-        accepted is a function of the text, and in a loop of the text's start position's
-        phase: a whole round of k + 1 ≡ 0 (mod p) tokens lands on the phase it started from,
+        accepted is a function of the text, and in a loop of where in the loop a round starts
+        (its phase): a whole round of k + 1 ≡ 0 (mod p) tokens lands on the phase it started from,
         where the drafts were all right, so the next one will most likely be whole again; any
         other k lands elsewhere in the loop, where the drafter may fail at once (the bench's
         looping prompts: a fixed k = 7 on a period-4 loop replayed at 1.5× k = 8, and auto,
