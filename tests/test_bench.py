@@ -35,6 +35,7 @@ def test_bench_runs_and_greedy_rows_agree(tmp_path):
                    for d in ("mtp", "twin draft", "mtp+lookup") for t in (0, 1) for k in (1, 2)}
     assert set(saved["parity"]) - auto_ratios == {
         "target-only ÷ mlx-lm generate_step T=0", "target-only ÷ mlx-lm generate_step T=1",
+        "ours mtp auto T=0 ÷ target-only T=0", "ours mtp auto T=1 ÷ target-only T=1",
         "demo f32 mtp auto ÷ demo f32 target-only T=0"}  # the variant a CPU opens
     assert len(set(saved["parity"]) & auto_ratios) == 6  # each auto row against its best k
     assert all(len(p["pairs"]) >= 1 and p["median"] > 0 for p in saved["parity"].values())

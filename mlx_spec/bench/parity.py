@@ -58,18 +58,37 @@ def auto_parity(run: Runner, target: TargetModel, drafter: Callable[[], Drafter]
                 target_name: str, temperature: float, top_p: float, pairs: int) -> dict:
     """auto ÷ fixed k with the drafter `drafter()` gives, on the run's prompts in order (auto's
     policy carries over from one to the next, as in a conversation); each side is a fresh
-    engine, as a row is. At T > 0 each pair draws with seeds of its own (both its sides the
-    same ones): the median is then over as many draws as pairs, where one set of seeds for
-    all would time one draw's luck eight times (at T = 1 on the widened target, auto ÷ k = 5
-    read 0.79–1.14 from one set of seeds to the next)."""
+    engine, as a row is."""
     def rate(num_draft: int | str, seed: int) -> float:
         return run.ours(target, drafter(), num_draft, "parity", "", target_name, temperature,
                         top_p, seed=seed).tok_s
 
+    return seeded_parity(lambda s: rate("auto", s), lambda s: rate(k, s), temperature, pairs)
+
+
+def speedup_parity(run: Runner, target: TargetModel, drafter: Callable[[], Drafter],
+                   target_name: str, temperature: float, top_p: float, pairs: int) -> dict:
+    """auto with the drafter `drafter()` gives ÷ target-only, on the run's prompts in order:
+    the speedup a row reports, in pairs (a row's target-only baseline is one run of its own)."""
+    def rate(drafter: Drafter | None, num_draft: int | str, seed: int) -> float:
+        return run.ours(target, drafter, num_draft, "parity", "", target_name, temperature,
+                        top_p, seed=seed).tok_s
+
+    return seeded_parity(lambda s: rate(drafter(), "auto", s), lambda s: rate(None, 1, s),
+                         temperature, pairs)
+
+
+def seeded_parity(a: Callable[[int], float], b: Callable[[int], float], temperature: float,
+                  pairs: int) -> dict:
+    """a ÷ b in mirrored pairs, each side called with its pair's seed. At T > 0 each pair
+    draws with seeds of its own (both its sides the same ones): the median is then over as
+    many draws as pairs, where one set of seeds for all would time one draw's luck eight times
+    (at T = 1 on the widened target, auto ÷ k = 5 read 0.79–1.14 from one set of seeds to the
+    next)."""
     runs: Pairs = []
     for pair in range(pairs):
         seed = 1000 * pair if temperature > 0 else 0
-        runs += mirrored([lambda s=seed: rate("auto", s), lambda s=seed: rate(k, s)], 1)
+        runs += mirrored([lambda s=seed: a(s), lambda s=seed: b(s)], 1)
     return pair_ratios(runs, 0, 1)
 
 

@@ -66,9 +66,10 @@ def auto_section(ratios: list[dict[str, Any]]) -> list[str]:
 def parity_section(parity: dict[str, dict]) -> list[str]:
     lines = ["", "Ratios one run each cannot settle (single runs here vary by ±10%): the "
              "median of ABBA pairs, each (a₁ + a₂) / (b₁ + b₂) in tok/s. Target-only "
-             "against mlx-lm runs on the first prompt; `auto` against a fixed k on all "
-             "the rows' prompts, in order (auto's policy carries over from one to the "
-             "next, as in a conversation), prompt i at T > 0 with seed i on both sides:",
+             "against mlx-lm runs on the first prompt; `auto` against a fixed k (and the MTP "
+             "head's auto against target-only) on all the rows' prompts, in order (auto's "
+             "policy carries over from one to the next, as in a conversation), prompt i at "
+             "T > 0 with seed i on both sides:",
              ""]
     return lines + [f"- {name}: **{p['median']:.3f}** (pairs: "
                     + ", ".join(f"{r:.3f}" for r in p["pairs"]) + ")"

@@ -26,7 +26,14 @@ from .demo import bench_demo
 from .distributed import bench_distributed
 from .hybrid import TARGET as HYBRID_TARGET
 from .hybrid import build_hybrid, hybrid_rows
-from .parity import abba, auto_parity, describe, first_turn_parity, target_only_parity
+from .parity import (
+    abba,
+    auto_parity,
+    describe,
+    first_turn_parity,
+    speedup_parity,
+    target_only_parity,
+)
 from .published import published_rows
 from .report import cell, write_first_turn, write_outputs, write_published
 from .runners import (
@@ -150,6 +157,9 @@ def compare_at(cfg: BenchConfig, run: Runner, models: BenchModels, temp: float, 
     if temp == 0.0:
         group += sweep_draft_length(run, models, cfg.sweep, k, tag, top_p)
     parity |= compare_auto(run, models, group, temp, top_p, cfg.parity_pairs)
+    if top_p == 1.0:  # the MTP head's speedup, which a row reads off one target-only run
+        parity[f"ours mtp auto {tag} ÷ target-only {tag}"] = speedup_parity(
+            run, wide, models.mtp_on, "f32", temp, top_p, cfg.parity_pairs)
     mlx_lm_base = next((r.tok_s for r in group if r.name.startswith("mlx-lm generate")), None)
     base = group[0].tok_s
     for r in group:
