@@ -68,8 +68,8 @@ def parity_section(parity: dict[str, dict]) -> list[str]:
              "median of ABBA pairs, each (a₁ + a₂) / (b₁ + b₂) in tok/s. Target-only "
              "against mlx-lm runs on the first prompt; `auto` against a fixed k (and the MTP "
              "head's auto against target-only) on all the rows' prompts, in order (auto's "
-             "policy carries over from one to the next, as in a conversation), prompt i at "
-             "T > 0 with seed i on both sides:",
+             "policy carries over from one to the next, as in a conversation), at T > 0 each "
+             "pair with seeds of its own, the same on both sides:",
              ""]
     return lines + [f"- {name}: **{p['median']:.3f}** (pairs: "
                     + ", ".join(f"{r:.3f}" for r in p["pairs"]) + ")"
