@@ -24,7 +24,8 @@ from ..model import TargetModel
 from ..paths import data_dir
 from .costs import TargetCosts
 
-VERSION = 1  # of what is measured and how: a change invalidates every saved calibration
+VERSION = 2  # of what is measured and how: a change invalidates every saved calibration
+# (2: verify costs kept in steps, not a line: costs.smooth_monotone)
 PRIOR_SLOPE = 0.05  # the generic prior: c(q) = c(1)·(1 + 0.05·(q − 1)), memory-bound
 PRIOR_BANDWIDTH = 100e9  # bytes per second the generic prior reads the weights at
 
