@@ -5,12 +5,12 @@ accepted given drafts 1..i-1 were; the +1 is the target's own token) and costs T
 picks argmax_k E(k) / T(k), with k = 0 (plain decoding, E = 1, T(0) = r0·p) when speculation
 cannot pay. T(k) = o + k·d + r·c(k+1) from the calibrated verify costs c(q) until fused rounds
 have run, then r times a least-squares line a + b·k through their times (with forgetting) plus
-the calibrated passes' steps (a round's cost on a CPU steps where kernel shapes change), its
-slope shrunk toward the model's, each k's own timed mean shrunk toward that
-(costs.on_the_line). o, d, r and r0 are fitted online: d and r from the rounds timed in parts
-(`split()`), r0 from whole plain runs (`observe_plain`). On a prior (costs not calibrated on
-this target), r·c(q) is the line fitted to those rounds' own verify passes once two lengths q
-have been timed (`_learn_shape`): the prior's scale and shape both give way.
+the calibrated passes' steps (on a CPU a pass steps where kernel shapes change), its slope
+shrunk toward the model's, each k's own timed mean shrunk toward that (costs.on_the_line).
+o, d, r and r0 are fitted online: d and r from the rounds timed in parts (`split()`), r0 from
+whole plain runs (`observe_plain`). On a prior (costs not calibrated on this target), r·c(q) is
+the line fitted to those rounds' own verify passes once two lengths q have been timed
+(`_learn_shape`): the prior's scale and shape both give way.
 
 Each α_i is shrunk toward its neighbour (α_1 toward the drafter's long-run record); the on/off
 decision reads them one standard error high while speculation is on and as estimated while it
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .costs import on_the_line, remember, shrunk_line, smooth_linear
+from .costs import on_the_line, remember, shrunk_line, smooth_linear, steps
 
 OPENING_PLAIN = 2  # plain tokens a policy on a prior opens with (see AdaptiveDraftLength.opening)
 # ... owed until speculation's lead would hold even if plain decoding cost this share of its
@@ -163,33 +163,21 @@ class AdaptiveDraftLength:
         if self.fit[0] <= 0.0:
             return [plain] + [self.model_cost(k) for k in range(1, top + 1)]
         a, b = self.fitted_line()
-        steps = self.steps()
-        line = [a + b * k + steps[k] for k in range(top + 1)]
+        line = [a + b * k + s for k, s in zip(range(top + 1), self.steps(), strict=False)]
         own = on_the_line(line, self.timed[: top + 1], self.table_weight)
         return [plain] + [max(self.slowdown * t, 1e-6) for t in own[1:]]
 
     def fitted_line(self) -> tuple[float, float]:
-        """(a, b) of T(k)/r = a + b·k + s(k): least squares over the fused rounds' times less
-        the calibrated steps s(k) (see steps), the slope shrunk toward the model's
-        b0 = d/r + c' (c' the slope of c's line: calibrated, or on a prior learnt from its
-        verify passes, see _learn_shape) with weight `slope_weight` (that many rounds one k
-        apart). Rounds all at one k fix the level and keep the model's slope (the calibrated
-        one need not match the loop's); rounds at other k (exploration, turn ends, climbs)
-        correct it."""
+        """(a, b) of T(k)/r = a + b·k + s(k) (s: steps) fitted to the fused rounds, b shrunk
+        toward the model's b0 = d/r + c' (c's line) by `slope_weight` rounds one k apart: rounds
+        all at one k fix the level, rounds at other k (exploration, climbs) correct b."""
         line = smooth_linear(self.costs)
         b0 = self.draft_cost / self.slowdown + (line[-1] - line[0]) / max(self.k_max, 1)
         return shrunk_line(self.fit, b0, self.slope_weight)
 
     def steps(self) -> list[float]:
-        """s(k): what a line cannot follow in the calibrated verify costs, c(k + 1) less their
-        least-squares line, k = 0..k_max. A round's cost steps where the verify pass's does
-        (the widened bench target on one machine: verify 31.5 / 38 / 44 / 46 / 47 ms and
-        fused rounds 33 / 41 / 49 / 51 / 53 ms at k = 1..5): fitted by a line alone, rounds
-        at k ≤ 3 priced k = 8 at 90 ms where it ran at 65, and auto stayed shallow. Zero on a
-        prior: its costs are a line, or another target's steps (calibration.prior)."""
-        if not self.measured:
-            return [0.0] * (self.k_max + 1)
-        return [c - v for c, v in zip(self.costs, smooth_linear(self.costs), strict=True)]
+        """s(k): c's steps off its line (costs.steps); 0 on a prior (a line, or not ours)."""
+        return steps(self.costs) if self.measured else [0.0] * (self.k_max + 1)
 
     def rate(self, k: int) -> float:
         """Expected tokens per second with k drafts."""

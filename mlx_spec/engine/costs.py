@@ -132,6 +132,15 @@ def smooth_linear(costs: Sequence[float]) -> tuple[float, ...]:
     return tuple(max(intercept + slope * x, 1e-6) for x in xs)
 
 
+def steps(costs: Sequence[float]) -> list[float]:
+    """What a line cannot follow in verify costs: each c(q) less their least-squares line. A
+    round's cost steps where its verify pass's does (the widened bench target on one machine:
+    passes 31.5 / 38 / 44 / 46 / 47 ms, fused rounds 33 / 41 / 49 / 51 / 53 ms at k = 1..5):
+    priced by a line alone, rounds at k ≤ 2 put k = 8 at 90 ms where it ran at 65, and a
+    sampled turn stayed shallow. The fitted round line carries them (AdaptiveDraftLength)."""
+    return [c - v for c, v in zip(costs, smooth_linear(costs), strict=True)]
+
+
 def shrunk_line(sums: Sequence[float], b0: float, weight: float) -> tuple[float, float]:
     """(a, b) of the weighted least-squares line t = a + b·x through the sums Σw, Σw·x, Σw·x²,
     Σw·t, Σw·x·t, its slope shrunk toward b0 with `weight` (in units of Σw(x − x̄)²: points
