@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .costs import on_the_line, remember, shrunk_line, smooth_linear, steps
+from .costs import on_the_line, remember, shrunk_line, smooth_linear, steps_off_line
 
 OPENING_PLAIN = 2  # plain tokens a policy on a prior opens with (see AdaptiveDraftLength.opening)
 # ... owed until speculation's lead would hold even if plain decoding cost this share of its
@@ -176,8 +176,8 @@ class AdaptiveDraftLength:
         return shrunk_line(self.fit, b0, self.slope_weight)
 
     def steps(self) -> list[float]:
-        """s(k): c's steps off its line (costs.steps); 0 on a prior (a line, or not ours)."""
-        return steps(self.costs) if self.measured else [0.0] * (self.k_max + 1)
+        """s(k): c's steps off its line (costs.steps_off_line); 0 on a prior (not ours)."""
+        return steps_off_line(self.costs) if self.measured else [0.0] * (self.k_max + 1)
 
     def rate(self, k: int) -> float:
         """Expected tokens per second with k drafts."""

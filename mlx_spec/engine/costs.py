@@ -132,7 +132,7 @@ def smooth_linear(costs: Sequence[float]) -> tuple[float, ...]:
     return tuple(max(intercept + slope * x, 1e-6) for x in xs)
 
 
-def steps(costs: Sequence[float]) -> list[float]:
+def steps_off_line(costs: Sequence[float]) -> list[float]:
     """What a line cannot follow in verify costs: each c(q) less their least-squares line. A
     round's cost steps where its verify pass's does (the widened bench target on one machine:
     passes 31.5 / 38 / 44 / 46 / 47 ms, fused rounds 33 / 41 / 49 / 51 / 53 ms at k = 1..5):
