@@ -163,7 +163,7 @@ class AdaptiveDraftLength:
         if self.fit[0] <= 0.0:
             return [plain] + [self.model_cost(k) for k in range(1, top + 1)]
         a, b = self.fitted_line()
-        line = [a + b * k + s for k, s in zip(range(top + 1), self.steps(), strict=False)]
+        line = [a + b * k + s for k, s in enumerate(self.steps()[: top + 1])]
         own = on_the_line(line, self.timed[: top + 1], self.table_weight)
         return [plain] + [max(self.slowdown * t, 1e-6) for t in own[1:]]
 
