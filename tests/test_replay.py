@@ -159,3 +159,34 @@ def test_in_phase_drafts_a_multiple_of_the_period():
     assert choose_after(4, 2, [1, 2, 3, 4]) == choose_after(4, 2, [1, 2, 3, 4], text=False)
     no_loop = list(range(20, 40))
     assert choose_after(4, 4, no_loop) == choose_after(4, 4, no_loop, text=False)
+
+
+def test_in_phase_rounds_that_come_out_short_stop_being_tried():
+    """An in-phase round starts a phase later than the whole round before it: where the drafter
+    fails from there (a 3800-token prompt's greedy text looping with period 3: 45 rounds of 8
+    drafts in 96 tokens, each accepting none), the turn's record of such rounds prices the next
+    one and they stop; where they come out whole they go on; a new turn starts on trust."""
+    costs = [1.0 + 0.25 * q for q in range(9)]  # steep: 8 drafts cost 2.8x one
+
+    def new_schedule() -> Schedule:
+        words = [7, 8, 9] + [1, 2, 3] * 6
+        policy = AdaptiveDraftLength(costs, plain_cost=1.0)
+        return Schedule(policy, 8, drafting=True, text=lambda: words)
+
+    def in_phase_rounds(whole: bool, schedule: Schedule) -> list[int]:
+        ks = []
+        for _ in range(8):
+            schedule.observe_round(1, 1, round_s=0.1 + costs[1], fed=1)  # a whole round
+            step = schedule.next(left=50, room=500)
+            k = step.k if isinstance(step, Speculate) else 0
+            ks.append(k)
+            if k:
+                schedule.observe_round(k, k if whole else 0, round_s=0.1 * k + costs[k], fed=1)
+        return ks
+
+    assert in_phase_rounds(True, new_schedule()) == [8] * 8
+    schedule = new_schedule()
+    failing = in_phase_rounds(False, schedule)
+    assert failing[0] == 8 and 1 <= failing.count(8) <= 3 and 8 not in failing[3:], failing
+    schedule.new_turn()
+    assert in_phase_rounds(False, schedule)[0] == 8

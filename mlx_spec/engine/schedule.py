@@ -70,13 +70,17 @@ class Schedule:
         self.full = False  # the last model round's drafts were all accepted
         self.copies, self.copy_ready = copies, copy_ready
         self.chosen = policy  # the policy that chose the round under way
+        self.phase_bets = self.phase_wins = 0  # in-phase rounds this turn, and the whole ones
+        self.betting = False  # the round under way is an in-phase one
         self._plain_s, self._plain_n = 0.0, 0
 
     def _policies(self) -> list[AdaptiveDraftLength]:
         return [p for p in (self.policy, self.copies) if p is not None]
 
     def new_turn(self) -> None:
-        """A new prompt: the last turn's acceptance says less about it."""
+        """A new prompt: the last turn's acceptance says less about it (and its loops, if any,
+        are its own)."""
+        self.phase_bets = self.phase_wins = 0
         for policy in self._policies():
             policy.new_turn()
 
@@ -111,8 +115,14 @@ class Schedule:
         where the drafts were all right, so the next one will most likely be whole again; any
         other k lands elsewhere in the loop, where the drafter may fail at once (the bench's
         looping prompts: a fixed k = 7 on a period-4 loop replayed at 1.5× k = 8, and auto,
-        whose α per position cannot see a phase, at 0.92 of k = 8). Kept only where such a
-        round, whole, beats the policy's expectation for its own k."""
+        whose α per position cannot see a phase, at 0.92 of k = 8). But the round that was
+        whole started a phase earlier than this one will: where the drafter fails at the
+        phase this one starts from, each such round is lost. So it is priced by how the
+        turn's earlier in-phase rounds came out: whole with chance (w + 1) / (n + 1) after w
+        whole of n (the first is taken on trust), else only the target's token; kept only
+        where that beats the policy's expectation for its own k. (A 3800-token prompt's
+        greedy text looping with period 3, where the head is right from one phase and wrong
+        from the next: 45 rounds of 8 drafts at 93 ms, each accepting none, in 96 tokens.)"""
         assert self.policy is not None and self.text is not None
         cap = self.policy.cap
         top = min(limit, self.policy.k_max, limit if cap is None else cap)
@@ -121,8 +131,11 @@ class Schedule:
             return k
         whole = (top + 1) // p * p - 1
         cost = self.policy.round_costs(max(whole, k))
-        if whole < 1 or (whole + 1) / cost[whole] < self.policy.expected_tokens(k) / cost[k]:
+        chance = (self.phase_wins + 1) / (self.phase_bets + 1)
+        tokens = chance * (whole + 1) + (1 - chance)
+        if whole < 1 or tokens / cost[whole] < self.policy.expected_tokens(k) / cost[k]:
             return k
+        self.betting = True
         return whole
 
     def split(self) -> bool:
@@ -135,6 +148,9 @@ class Schedule:
         """A round drafted k and the target accepted n; draft_s / verify_s when it was split;
         copied: its drafts were a copy (they teach the copies' policy, where there is one)."""
         self.full = not copied and n == k > 0  # (a copy says nothing of the model's phase)
+        if self.betting:  # an in-phase round (in_phase): was it whole?
+            self.phase_bets, self.phase_wins = self.phase_bets + 1, self.phase_wins + (n == k)
+            self.betting = False
         source = self.copies if copied and self.copies is not None else self.policy
         for policy in self._policies():
             if policy is source:
