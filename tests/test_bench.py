@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
-from mlx_spec.bench import BenchConfig, bench
+from mlx_spec.bench import BenchConfig, bench, parity
 from mlx_spec.bench.demo import bench_demo
-from mlx_spec.bench.parity import mirrored
+from mlx_spec.bench.parity import first_turn_parity, mirrored
 from mlx_spec.bench.report import write_first_turn
+from mlx_spec.bench.runners import FirstTurn
 from mlx_spec.bench.scenario import GROUPS, bench_first_turn
 from mlx_spec.cli import build_parser
 
@@ -216,3 +217,26 @@ def test_sampled_auto_parity_draws_new_seeds_each_pair():
     run = Runner()
     auto_parity(run, None, lambda: None, 4, "t", 0.0, 1.0, 2)
     assert {seed for _, seed in run.calls} == {0}
+
+
+def test_first_turn_pairs_draw_seeds_of_their_own_at_t_above_0(monkeypatch):
+    """At T > 0 a first turn's text is one draw: each pair of first_turn_parity draws its own
+    (all three sides the same seed), so the ratios' median is over as many draws as pairs; at
+    T = 0 there is nothing to draw."""
+    seen: list[tuple[str, int]] = []
+
+    class Run:
+        tokenizer = None
+
+        def first_turn(self, engine: str, temperature: float, *, seed: int = 0) -> FirstTurn:
+            seen.append((engine, seed))
+            return FirstTurn(0.1, 10.0, 2.0, 1.0)
+
+    monkeypatch.setattr(parity, "new_engine", lambda target, tokenizer, drafter, k: f"new {k}")
+    first_turn_parity(Run(), None, None, 4, "known", 1.0, 3)
+    assert len(seen) == 18 and {e for e, _ in seen} == {"new auto", "new 4", "known"}
+    by_pair = [{s for _, s in seen[i : i + 6]} for i in range(0, 18, 6)]
+    assert all(len(seeds) == 1 for seeds in by_pair) and len(set.union(*by_pair)) == 3
+    seen.clear()
+    first_turn_parity(Run(), None, None, 4, "known", 0.0, 2)
+    assert {s for _, s in seen} == {0}

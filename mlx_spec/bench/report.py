@@ -359,7 +359,8 @@ def first_turn_section(f: dict[str, Any]) -> list[str]:
     lines = [
         "", "## First turn: `auto` before anything is calibrated", "",
         f"Each run is the first turn of a new conversation: {f['max_tokens']} tokens after the "
-        "first held-out prompt (T > 0: seed 0), timed as the caller sees it (TTFT: from the "
+        "first held-out prompt (T > 0: pair i draws with seed 1000·i, its sides alike), timed "
+        "as the caller sees it (TTFT: from the "
         "call to the first token, i.e. prefill and the first round), after a 4-token warm-up in "
         "another conversation of the same engine, so no first-call compilation is timed and the "
         "timed turn's policy is new. Three sides, each with the target's MTP head: **prior**, "

@@ -295,10 +295,10 @@ class Runner:
         return run_ours(engine, prompts or self.prompts, self.max_tokens,
                         SamplingConfig(temperature=temperature, top_p=top_p), row, seed=seed)
 
-    def first_turn(self, engine: Engine, temperature: float) -> FirstTurn:
-        """The first turn of a new conversation on `engine`, on the run's first prompt (seed 0)."""
+    def first_turn(self, engine: Engine, temperature: float, *, seed: int = 0) -> FirstTurn:
+        """The first turn of a new conversation on `engine`, on the run's first prompt."""
         return first_turn(engine, self.prompts[0], self.max_tokens,
-                          SamplingConfig(temperature=temperature, seed=0))
+                          SamplingConfig(temperature=temperature, seed=seed))
 
     def mlx_lm(self, target: TargetModel, name: str, target_name: str, temperature: float, *,
                draft: TargetModel | None = None, k: int = 0, top_p: float = 1.0,
