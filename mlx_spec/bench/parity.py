@@ -87,9 +87,14 @@ def seeded_parity(a: Callable[[int], float], b: Callable[[int], float], temperat
     next)."""
     runs: Pairs = []
     for pair in range(pairs):
-        seed = 1000 * pair if temperature > 0 else 0
+        seed = pair_seed(pair, temperature)
         runs += mirrored([lambda s=seed: a(s), lambda s=seed: b(s)], 1)
     return pair_ratios(runs, 0, 1)
+
+
+def pair_seed(pair: int, temperature: float) -> int:
+    """The seed both sides of pair `pair` draw with: one of its own at T > 0, 0 at T = 0."""
+    return 1000 * pair if temperature > 0 else 0
 
 
 FIRST_TURN_SIDES = ("prior", "fixed", "known")  # the order of first_turn_parity's sides
@@ -107,7 +112,7 @@ def first_turn_parity(run: Runner, target: TargetModel, drafter: Drafter, k: int
     runs a side of the same code: the sides' texts part at their first different k."""
     runs: Pairs = []
     for pair in range(pairs):
-        seed = 1000 * pair if temperature > 0 else 0
+        seed = pair_seed(pair, temperature)
         sides = [lambda s=seed: run.first_turn(new_engine(target, run.tokenizer, drafter, "auto"),
                                                temperature, seed=s),
                  lambda s=seed: run.first_turn(new_engine(target, run.tokenizer, drafter, k),
