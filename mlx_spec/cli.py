@@ -189,12 +189,21 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, the bare `mlx-spec` read as `mlx-spec chat`: with chat's defaults
+    (--lookup on, among them), not a namespace missing them."""
+    args = build_parser().parse_args(argv)
+    if args.command is None and not args.version:
+        args = build_parser().parse_args(["chat"])
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # a real process (not a test calling main): use OpenBLAS where installed
         from ._platform import maybe_preload_openblas
 
         maybe_preload_openblas(sys.argv[1:])
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         if args.version:
             from .doctor import version_line

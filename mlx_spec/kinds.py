@@ -14,3 +14,8 @@ DRAFTERS: dict[str, str] = {  # kind -> what proposes the tokens
 def kind_of(drafter_name: str) -> str:
     """The kind of a drafter from its name ("mtp-deepseek" and "mtp+lookup" are "mtp")."""
     return drafter_name.split("+", 1)[0].split("-", 1)[0]
+
+
+def copies_first(drafter_name: str) -> bool:
+    """Does the drafter copy from the conversation's own text first ("mtp+lookup")?"""
+    return drafter_name.endswith("+lookup")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .events import Event, TurnEnd
-from .kinds import kind_of
+from .kinds import copies_first, kind_of
 from .sampling import SamplingConfig
 from .spec import DraftLength, LoadSpec
 from .stats import Baseline
@@ -49,6 +49,7 @@ class EngineInfo:
     baseline: Baseline | None = None  # the saved target-only speed (None: not measured yet)
     calibrated: bool = False  # are the target's costs measured (else `auto` reads a prior)?
     split: str = ""  # how the target is split over machines ("": it is not)
+    lookup: bool = False  # copies of the conversation's own text are drafted first (--lookup)
 
 
 class EngineService(Protocol):
@@ -115,7 +116,8 @@ class EngineInThread:
     def info(self) -> EngineInfo:
         c, e = self.conversation, self.engine
         return EngineInfo(c.target.name, drafter_kind(c), c.draft_length, self._kinds,
-                          e.baseline, e.calibrated, c.target.split_label)
+                          e.baseline, e.calibrated, c.target.split_label,
+                          lookup=c.drafter is not None and copies_first(c.drafter.name))
 
     def measure_baseline(self, *, tokens: int = 64, repeats: int = 3,
                          stop: threading.Event | None = None) -> Baseline | None:

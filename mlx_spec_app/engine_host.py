@@ -134,7 +134,9 @@ class EngineHost:
         """The drafter and draft length, as the status line and the panel show them."""
         assert self.engine is not None
         info = self.engine.info
-        return "no drafter" if info.drafter == "none" else f"{info.drafter} k={info.draft_length}"
+        if info.drafter == "none":
+            return "no drafter"
+        return f"{info.drafter}{'+lookup' if info.lookup else ''} k={info.draft_length}"
 
     def first_run(self) -> bool:
         """Nothing named, nothing remembered, never welcomed: the welcome screen opens."""

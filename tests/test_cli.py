@@ -174,13 +174,15 @@ def test_an_unexpected_failure_is_one_line_too(monkeypatch, capsys):
 
 
 def test_the_commands_draft_copies_first_unless_told_not_to():
-    """generate, chat and serve default to --lookup; --no-lookup turns it off. (The library's
-    LoadSpec leaves it off unless asked.)"""
-    from mlx_spec.cli import build_parser, spec_from_args
+    """generate, chat and serve default to --lookup; --no-lookup turns it off. So does the
+    bare `mlx-spec`, the README's first command (it read as lookup off: the demo's first turn
+    drafted with the head alone). (The library's LoadSpec leaves it off unless asked.)"""
+    from mlx_spec.cli import parse_args, spec_from_args
     from mlx_spec.spec import LoadSpec
 
-    p = build_parser()
+    assert spec_from_args(parse_args([])).lookup is True
+    assert parse_args([]).command == "chat" and not parse_args(["--version"]).command
     for command in (["serve"], ["chat"], ["generate", "--prompt", "x"]):
-        assert spec_from_args(p.parse_args(command)).lookup is True
-        assert spec_from_args(p.parse_args([*command, "--no-lookup"])).lookup is False
+        assert spec_from_args(parse_args(command)).lookup is True
+        assert spec_from_args(parse_args([*command, "--no-lookup"])).lookup is False
     assert LoadSpec().lookup is False

@@ -71,6 +71,21 @@ def test_in_thread_and_process_agree_and_switch_drafters(process):
     assert process.measure_baseline(tokens=8, repeats=1).tok_s > 0
 
 
+def test_info_says_when_copies_are_drafted_first_and_the_app_labels_it():
+    """EngineInfo.lookup follows the drafter (a switch to none and back keeps --lookup), and
+    the app's panel and status line name it `mtp+lookup`, as the turn's line does."""
+    from mlx_spec_app.engine_host import EngineHost
+
+    service = EngineInThread.load(LoadSpec(num_draft="auto", lookup=True))
+    host = EngineHost.__new__(EngineHost)  # label() reads only the running engine's info
+    host.engine = service
+    assert service.info.drafter == "mtp" and service.info.lookup
+    assert host.label() == "mtp+lookup k=auto"
+    assert not service.configure(drafter="none").lookup and host.label() == "no drafter"
+    assert service.configure(drafter="mtp").lookup
+    assert not EngineInThread.load(LoadSpec(num_draft=3)).info.lookup
+
+
 def test_stop_mid_turn_and_errors_are_one_line(process):
     stop = threading.Event()
     events = []
