@@ -316,12 +316,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     assert end is not None  # generate always ends with its TurnEnd
     code = EXIT_INTERRUPTED if stop.is_set() else 0
     if args.json:
-        out = {"prompt_ids": ids, "tokens": tokens, "kinds": kinds, "text": "".join(text),
-               "finish_reason": end.finish_reason, "stats": end.stats.to_dict()}
+        out = {"target": engine.target.name, "prompt_ids": ids, "tokens": tokens,
+               "kinds": kinds, "text": "".join(text), "finish_reason": end.finish_reason,
+               "stats": end.stats.to_dict()}
         print(json.dumps(out))
     else:
         print()
-        print(summary_line(end.stats), file=sys.stderr)
+        print(summary_line(end.stats, engine.target.name), file=sys.stderr)
     return code
 
 

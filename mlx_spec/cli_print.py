@@ -15,9 +15,10 @@ def print_fragment(text: str, kind: str, colour: bool) -> None:
     sys.stdout.flush()
 
 
-def summary_line(s: Any) -> str:
-    line = (f"[{s.generated_tokens} tokens, {s.tok_s:.1f} tok/s, TTFT {s.ttft_s * 1000:.0f} ms, "
-            f"drafter {s.drafter}")
+def summary_line(s: Any, target: str = "") -> str:
+    """The turn's one stderr line; `target` named first (which demo variant ran, say)."""
+    line = (f"[{target + ': ' if target else ''}{s.generated_tokens} tokens, "
+            f"{s.tok_s:.1f} tok/s, TTFT {s.ttft_s * 1000:.0f} ms, drafter {s.drafter}")
     if s.drafter != "none":
         k = f"auto≤{s.max_draft} (mean {s.mean_draft:.1f})" if s.adaptive else str(s.max_draft)
         line += (f" k={k}, acceptance {s.acceptance_rate:.0%}, "

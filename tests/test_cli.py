@@ -154,8 +154,10 @@ def test_ctrl_c_prints_the_partial_answer_and_exits_130(as_json):
     if as_json:
         result = json.loads(out)
         assert result["finish_reason"] == "cancelled" and result["tokens"]
+        assert result["target"].startswith("demo-target")
     else:
         assert out.strip() and "finish cancelled" in err and len(err.strip().splitlines()) == 1
+        assert err.strip().startswith("[demo-target")  # which demo variant ran
 
 
 def test_an_unexpected_failure_is_one_line_too(monkeypatch, capsys):
