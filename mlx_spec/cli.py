@@ -16,6 +16,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from .cli_models import ProgressBar
 from .cli_models import add_commands as add_hub_commands
 from .cli_print import print_fragment, summary_line
 from .errors import MlxSpecError, user_message
@@ -73,6 +74,17 @@ def add_lookup_option(p: argparse.ArgumentParser) -> None:
                         "(default: on; lossless either way)")
 
 
+def add_launch_options(p: argparse.ArgumentParser, model_help: str) -> None:
+    """chat's and serve's: a model named as `mlx-spec models` lists them, its drafter, splits."""
+    p.add_argument("model", nargs="?", help=model_help)
+    p.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto")
+    p.add_argument("--draft-model")
+    p.add_argument("--mtp")
+    p.add_argument("--num-draft", "-k", default=None)
+    add_lookup_option(p)
+    add_split_options(p)
+
+
 def add_split_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hostfile", default=None,
                    help="split the target over the machines of this mlx hostfile "
@@ -111,15 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="quantize the target's KV cache (attention layers) to 4 or 8 bits")
 
     c = sub.add_parser("chat", help="open the chat app (the default command)")
-    c.add_argument("model", nargs="?",
-                   help="a preset (`mlx-spec models`), a hub repo id or a model directory; "
-                        "what is missing is downloaded first")
-    c.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto")
-    c.add_argument("--draft-model")
-    c.add_argument("--mtp")
-    c.add_argument("--num-draft", "-k", default=None)
-    add_lookup_option(c)
-    add_split_options(c)
+    add_launch_options(c, "a preset (`mlx-spec models`), a hub repo id or a model directory; "
+                          "what is missing is downloaded first")
 
     t = sub.add_parser("train-drafter", help="distil a drafter head for a target")
     t.add_argument("--target", required=True)
@@ -144,14 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="serve the model over OpenAI-compatible HTTP (several "
                                        "requests at once, speculation on)")
-    sv.add_argument("model", nargs="?", help="a preset, a hub repo id or a model directory "
-                                             "(default: the demo pair)")
-    sv.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto")
-    sv.add_argument("--draft-model")
-    sv.add_argument("--mtp")
-    sv.add_argument("--num-draft", "-k", default=None)
-    add_lookup_option(sv)
-    add_split_options(sv)
+    add_launch_options(sv, "a preset, a hub repo id or a model directory (default: the demo "
+                           "pair)")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8080)
     sv.add_argument("--api-key", default=None,
@@ -406,12 +405,12 @@ def fetched(spec: LoadSpec) -> LoadSpec:
     if spec.draft_model and not is_local(spec.draft_model):
         from .hub import fetch
 
-        spec = replace(spec, draft_model=str(fetch(spec.draft_model, progress=_bar())))
+        spec = replace(spec, draft_model=str(fetch(spec.draft_model, progress=ProgressBar())))
     if spec.model is None or is_local(spec.model):
         return spec
     from . import hub
 
-    return with_launch(spec, hub.pull(spec.model, progress=_bar()))
+    return with_launch(spec, hub.pull(spec.model, progress=ProgressBar()))
 
 
 def with_launch(spec: LoadSpec, launch: Any) -> LoadSpec:
@@ -420,12 +419,6 @@ def with_launch(spec: LoadSpec, launch: Any) -> LoadSpec:
     for w in launch.warnings:
         print(f"mlx-spec: warning: {w}", file=sys.stderr)
     return launch.spec(spec)
-
-
-def _bar():
-    from .cli_models import ProgressBar
-
-    return ProgressBar()
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
