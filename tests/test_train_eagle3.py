@@ -56,7 +56,8 @@ def test_written_head_loads_and_keeps_the_trained_acceptance(trained):
     above an untrained head's."""
     _, target, tok, head, head_dir = trained
     drafter = make_drafter("draft", target, draft_model=head_dir)
-    assert drafter.name == "draft-eagle3" and drafter.default_k == DC.depth == 8
+    # our own head: `auto` chooses its length (a published one keeps its speculative_tokens)
+    assert drafter.name == "draft-eagle3" and drafter.default_k is None
     in_memory = held_out_scores(target, tok, eagle3_drafter(head, target), HELD_OUT, max_tokens=32)
     loaded = held_out_scores(target, tok, drafter, HELD_OUT, max_tokens=32)
     assert loaded == in_memory
@@ -115,8 +116,9 @@ def test_train_drafter_eagle3_cli_writes_a_speculators_dir(trained, tmp_path, ca
     assert not names & {"embed_tokens.weight", "d2t", "t2d"}  # the target's, as in speculators
     curve = json.loads((out / "training.json").read_text())["held_out"]
     assert [p["step"] for p in curve] == [0, 3] and len(curve[-1]["acceptance_k8"]) == 8
-    engine = open_chat(model=target_dir, draft_model=out)
-    assert engine.drafter.name == "draft-eagle3" and engine.draft_length == 4
+    engine = open_chat(model=target_dir, draft_model=out)  # trained here: auto, not the depth
+    assert engine.drafter.name == "draft-eagle3" and engine.draft_length == "auto"
+    assert open_chat(model=target_dir, draft_model=out, num_draft=4).draft_length == 4
     # an MTP head into the same directory: refused, nothing overwritten
     assert main(args[:4] + ["shared-kv"] + args[5:]) == 2
     assert "another kind of head" in capsys.readouterr().err

@@ -44,6 +44,7 @@ from ..model import TargetModel
 from .weights import load_exactly, one_line_errors, read_safetensors
 
 FULL, SLIDING = "full_attention", "sliding_attention"
+OWN_TRAINING = "training.json"  # what `train-drafter` writes beside a head it trained
 # speculators 0.9's Eagle3SpeculatorConfig: the top-level fields (the flags among them that
 # change the forward are all honoured); an unknown flag that is on is refused by name
 KNOWN_FIELDS = {"speculators_model_type", "architectures", "transformer_layer_config",
@@ -349,7 +350,13 @@ def load_eagle3(path: str | Path, target: TargetModel):
             # no vocabulary map when the draft vocabulary is the target's whole one
         head = Eagle3Head(cfg, own_embedding="embed_tokens.weight" in weights)
         load_exactly(head, weights, f"EAGLE-3 head {path}")
-    return eagle3_drafter(head, target)
+    drafter = eagle3_drafter(head, target)
+    if (path / OWN_TRAINING).exists():
+        # our own head: its speculative_tokens is the depth it was trained to (what vLLM would
+        # draft), not a length chosen for any machine; here `auto` chooses it from measured
+        # acceptance and costs (a 3-minute head: auto 2-3x the tok/s of a fixed k = 8)
+        drafter.default_k = None
+    return drafter
 
 
 def _sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -28,13 +28,13 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from ..drafters.eagle3 import Eagle3Config, Eagle3Head, check_fits
+from ..drafters.eagle3 import OWN_TRAINING, Eagle3Config, Eagle3Head, check_fits
 from ..errors import MlxSpecError
 from ..model import TargetModel
 from .chain import ChainCache, Step, own_cache_steps
 
 SPECULATORS_VERSION = "0.9.0"  # the format written (Eagle3SpeculatorConfig's fields)
-TRAIN_FILE = "training.json"  # our run's metadata beside the head (config.json stays clean)
+TRAIN_FILE = OWN_TRAINING  # our run's metadata beside the head (config.json stays clean)
 
 
 def default_taps(layers: int) -> tuple[int, ...]:
