@@ -49,12 +49,13 @@ def cmd_models(args: argparse.Namespace) -> int:
     mem = f"{memory / 2**30:.0f} GB" if memory else "unknown memory"
     print(f"Presets (this machine: {mem}; 'fits' means RAM needed <= "
           f"{GPU_SHARE:.0%} of it, what Metal lets the GPU use by default)")
-    print(f"  {'name':<16}{'drafter':<17}{'download':>9}{'RAM':>8}  {'fits':<5}{'here':<5}"
+    w = max([len("name"), *(len(r["name"]) for r in rows)]) + 2  # the longest name, and a gap
+    print(f"  {'name':<{w}}{'drafter':<17}{'download':>9}{'RAM':>8}  {'fits':<5}{'here':<5}"
           "target + drafter")
     for r in rows:
         fits = {True: "yes", False: "no", None: "?"}[r["fits"]]
         kind = r["kind"] + ("" if r["loadable"] else "*")
-        print(f"  {r['name']:<16}{kind:<17}{r['download_gb']:>6.1f} GB{r['ram_gb']:>5.1f} GB"
+        print(f"  {r['name']:<{w}}{kind:<17}{r['download_gb']:>6.1f} GB{r['ram_gb']:>5.1f} GB"
               f"  {fits:<5}{'✓' if r['downloaded'] else '-':<5}{r['target']} + {r['drafter']}")
     if not all(r["loadable"] for r in rows):
         print("  * this drafter kind cannot be loaded yet: the preset runs target-only")

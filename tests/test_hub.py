@@ -178,6 +178,22 @@ def test_models_lists_presets_fit_and_downloads(server, capsys):
     assert "tiny-eagle" in text and "cannot be loaded yet" in text
 
 
+def test_the_models_table_keeps_its_columns_for_the_bundled_names(tmp_path, monkeypatch,
+                                                                  capsys):
+    """The longest bundled preset name (qwen3.5-4b-dflash) ran into its drafter kind."""
+    monkeypatch.delenv("MLX_SPEC_PRESETS", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    col = lines[1].index("drafter")
+    rows = [line for line in lines[2:] if line.endswith(tuple("0123456789B")) or " GB " in line]
+    assert len(rows) == len(hub.presets()) > 1
+    for line in rows:
+        name, kind = line[:col].split(), line[col:].split()[0]
+        assert len(name) == 1 and name[0] in {p.name for p in hub.presets()}
+        assert kind.rstrip("*") in {p.drafter_kind for p in hub.presets()}
+
+
 def test_interrupted_transfer_resumes_next_time(server, monkeypatch):
     monkeypatch.setattr(fetch_mod, "RETRIES", 0)  # fail at the first cut, as a dropped network
     size = (server.repos[TARGET] / "model.safetensors").stat().st_size
