@@ -211,3 +211,27 @@ def test_chained_training_steps_are_the_drafting_steps(load, kind):
             np.testing.assert_allclose(np.array(getattr(step, field)),
                                        np.array(getattr(full[j], field)[:, j % r :: r]),
                                        atol=1e-5)
+
+
+def test_a_head_from_the_target_s_last_layer_starts_as_that_layer(load):
+    """Known answer for train/compare.py's `last-layer` kind: fed the residual the target's
+    last layer reads, with that layer's own keys and values, the head's layer gives the
+    layer's output (so the copy mapped every weight, and shared-KV attention over the
+    target's keys is the layer's own self-attention)."""
+    import mlx.core as mx
+
+    from mlx_spec.train.compare import last_layer_head
+
+    target, _ = load("qwen3")
+    cfg, head = last_layer_head(target)
+    layers = len(target.backbone.layers)
+    cache = target.make_cache()
+    x = mx.array([[5, 17, 42, 9, 250, 3, 77, 12]])
+    _, taps = target.forward_rows(x, cache, hidden=(layers - 1, layers))
+    into, out = taps[..., : cfg.hidden_size], taps[..., cfg.hidden_size :]
+    last = cache[-1]
+    keys, values = last.keys[..., : last.offset, :], last.values[..., : last.offset, :]
+    rope = target.model.layers[-1].self_attn.rope
+    got = head.layers[0](into, keys, values, rope, 0, "causal")
+    np.testing.assert_allclose(np.array(got), np.array(out), atol=2e-4)
+    assert cfg.kv_layer == -1 and cfg.num_layers == 1 and cfg.hidden_size == target.hidden_size

@@ -19,8 +19,12 @@ import sys
 import time
 from pathlib import Path
 
+import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_flatten
 
+from ..drafters.mtp import MTPConfig, make_head, save_mtp
 from .data import build_training_set, held_rows
 from .distill import (
     DistillConfig,
@@ -31,8 +35,33 @@ from .distill import (
     held_out_split,
 )
 
-KINDS = ("shared-kv", "eagle3")
-INFO = {"shared-kv": ("mtp_config.json", "train"), "eagle3": ("training.json", None)}
+KINDS = ("shared-kv", "eagle3", "last-layer")
+INFO = {"shared-kv": ("mtp_config.json", "train"), "eagle3": ("training.json", None),
+        "last-layer": ("mtp_config.json", "train")}
+
+
+def last_layer_head(target) -> tuple[MTPConfig, nn.Module]:
+    """A shared-KV head of one layer at the target's width, initialised from the target's own
+    last layer: the same norms, query, output and MLP weights, reading that layer's own keys
+    and values (kv_layer = -1), so its attention starts as the layer's. Its input projection
+    starts as emb + h, its output projection as the identity, its norm as the target's final
+    one (the target's lm_head reads it). The layer's q_norm (qwen3) or none (ones)."""
+    cfg = MTPConfig.for_target(target, "shared-kv", num_layers=1)
+    head = make_head(cfg)
+    d, last = cfg.hidden_size, target.model.layers[-1]
+    eye = mx.eye(d)
+    weights = {"pre_projection.weight": mx.concatenate([eye, eye], axis=1),
+               "post_projection.weight": eye, "norm.weight": target.backbone.norm.weight}
+    ours = dict(tree_flatten(head.layers[0].parameters()))
+    theirs = dict(tree_flatten(last.parameters()))
+    for name in ours:
+        source = theirs.get(name.replace("q_proj", "self_attn.q_proj")
+                            .replace("o_proj", "self_attn.o_proj")
+                            .replace("q_norm", "self_attn.q_norm"))
+        weights[f"layers.0.{name}"] = source if source is not None else ours[name]
+    head.load_weights([(k, v.astype(mx.float32)) for k, v in weights.items()], strict=True)
+    mx.eval(head.parameters())
+    return cfg, head
 
 
 def train_kind(kind: str, target, tokenizer, data: np.ndarray, held: np.ndarray,
@@ -47,6 +76,10 @@ def train_kind(kind: str, target, tokenizer, data: np.ndarray, held: np.ndarray,
         t0 = time.perf_counter()
         if kind == "eagle3":
             distill_eagle3(target, data, dc, out, **run)
+        elif kind == "last-layer":
+            cfg, head = last_layer_head(target)
+            save_mtp(out.parent / "last-layer-init", head, cfg)
+            distill_mtp(target, data, cfg, dc, out, init=out.parent / "last-layer-init", **run)
         else:
             distill_mtp(target, data, default_mtp_config(target, kind), dc, out, **run)
         print(f"{kind}: {(time.perf_counter() - t0) / 60:.1f} min wall", file=sys.stderr)
