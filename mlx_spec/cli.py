@@ -75,7 +75,8 @@ def add_lookup_option(p: argparse.ArgumentParser) -> None:
 
 
 def add_launch_options(p: argparse.ArgumentParser, model_help: str) -> None:
-    """chat's and serve's: a model named as `mlx-spec models` lists them, its drafter, splits."""
+    """chat's and serve's options: the model (a preset, repo id or directory), its drafter,
+    --lookup and the split over machines."""
     p.add_argument("model", nargs="?", help=model_help)
     p.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto")
     p.add_argument("--draft-model")
