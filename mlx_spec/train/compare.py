@@ -54,10 +54,8 @@ def last_layer_head(target) -> tuple[MTPConfig, nn.Module]:
                "post_projection.weight": eye, "norm.weight": target.backbone.norm.weight}
     ours = dict(tree_flatten(head.layers[0].parameters()))
     theirs = dict(tree_flatten(last.parameters()))
-    for name in ours:
-        source = theirs.get(name.replace("q_proj", "self_attn.q_proj")
-                            .replace("o_proj", "self_attn.o_proj")
-                            .replace("q_norm", "self_attn.q_norm"))
+    for name in ours:  # the attention's weights sit under self_attn in the target's layer
+        source = theirs.get(name, theirs.get(f"self_attn.{name}"))
         weights[f"layers.0.{name}"] = source if source is not None else ours[name]
     head.load_weights([(k, v.astype(mx.float32)) for k, v in weights.items()], strict=True)
     mx.eval(head.parameters())
