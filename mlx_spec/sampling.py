@@ -217,11 +217,30 @@ class Verdict:
     num_accepted: int  # n: the first n drafts are kept
     token: int  # the target's own token after them: a correction (n < k) or the bonus (n == k)
     accepted: tuple[int, ...] = ()  # those n drafts, as host ints
+    # T > 0 only (see acceptance_chances): per draft, min(1, p(x)/q(x)), and Σ min(p, q)
+    odds: tuple[float, ...] = ()
+    overlap: tuple[float, ...] = ()
 
     @property
     def tokens(self) -> list[int]:
         """The round's emitted tokens: the accepted drafts, then the target's own."""
         return [*self.accepted, self.token]
+
+    @property
+    def evidence(self) -> list[tuple[float, float]] | None:
+        """Per draft position i, (the chance the round tested it, the chance it accepted it)
+        given the drafts: (Π_{j<i} a_j, Π_{j<i} a_j · β_i), a_j = min(1, p_j(x_j)/q_j(x_j)),
+        β_i = Σ min(p_i, q_i). What the draft-length policy learns α_i from at T > 0: their
+        means are P(drafts 1..i-1 accepted) and P(1..i accepted), as the 0/1 outcomes' are,
+        but every position of every round counts, past the first rejection too, and the coin
+        flips are averaged out (Rao-Blackwell). None when greedy: the outcomes are the chances."""
+        if not self.overlap:
+            return None
+        out, reach = [], 1.0
+        for a, beta in zip(self.odds, self.overlap, strict=True):
+            out.append((reach, reach * beta))
+            reach *= a
+        return out
 
 
 def _as_ids(drafts: mx.array | list[int]) -> mx.array:
@@ -229,16 +248,20 @@ def _as_ids(drafts: mx.array | list[int]) -> mx.array:
 
 
 def _resolve(n: mx.array, token: mx.array, drafts: mx.array,
-             exact: mx.array | None = None) -> Verdict | None:
+             exact: mx.array | None = None, chances: mx.array | None = None) -> Verdict | None:
     """The round's one host sync: n, the token and the (possibly still lazy) drafts together,
-    with the candidate check of p (processed) where there is one: None if it failed."""
+    with the candidate check of p (processed) where there is one: None if it failed; and the
+    drafts' acceptance chances [2, k] where given (acceptance_chances)."""
     parts = [n.reshape(1), token.reshape(1), drafts.reshape(-1)]
     if exact is not None:
         parts.insert(0, exact.reshape(1))
-    out = mx.concatenate([a.astype(mx.int32) for a in parts]).tolist()
+    ints = mx.concatenate([a.astype(mx.int32) for a in parts])
+    mx.eval(ints, *([] if chances is None else [chances]))
+    out = ints.tolist()
     if exact is not None and not out.pop(0):
         return None
-    return Verdict(out[0], out[1], tuple(out[2 : 2 + out[0]]))
+    odds, overlap = chances.tolist() if chances is not None else ((), ())
+    return Verdict(out[0], out[1], tuple(out[2 : 2 + out[0]]), tuple(odds), tuple(overlap))
 
 
 def verify_greedy(target_logits: mx.array, drafts: mx.array | list[int]) -> Verdict:
@@ -264,10 +287,8 @@ def rejection_sample(
     p [..., k+1, V] target probabilities, q [..., k, V] draft probabilities, drafts [..., k] with
     drafts[i] ~ q[i]. Returns (n, token): n accepted drafts, and the token emitted after them.
     """
-    k = drafts.shape[-1]
     accept_key, sample_key = mx.random.split(key)
-    px = mx.take_along_axis(p[..., :k, :], drafts[..., None], axis=-1)[..., 0]
-    qx = mx.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+    px, qx = _at_drafts(p, q, drafts)
     u = mx.random.uniform(shape=drafts.shape, key=accept_key)
     # u < p/q, written without the division; q(x) > 0 because x was drawn from q
     accepted = (u * qx < px).astype(mx.int32)
@@ -281,6 +302,22 @@ def rejection_sample(
     candidates = categorical(residual, sample_key)  # [..., k+1]
     token = mx.take_along_axis(candidates, n[..., None], axis=-1)[..., 0]
     return n, token
+
+
+def _at_drafts(p: mx.array, q: mx.array, drafts: mx.array) -> tuple[mx.array, mx.array]:
+    """(p_i(x_i), q_i(x_i)) for drafts [..., k] x_i."""
+    px = mx.take_along_axis(p[..., : drafts.shape[-1], :], drafts[..., None], axis=-1)[..., 0]
+    return px, mx.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+
+
+def acceptance_chances(p: mx.array, q: mx.array, drafts: mx.array) -> mx.array:
+    """[2, ..., k] for p [..., k+1, V], q [..., k, V], drafts [..., k]: first,
+    min(1, p_i(x_i)/q_i(x_i)), the chance draft x_i is accepted once 1..i-1 were; second,
+    Σ_y min(p_i(y), q_i(y)), the chance a draft drawn from q_i would be (the first's mean over
+    x_i ~ q_i). Not the decision: what the draft-length policy learns from (Verdict.evidence)."""
+    px, qx = _at_drafts(p, q, drafts)
+    overlap = mx.minimum(p[..., : drafts.shape[-1], :], q).sum(axis=-1)
+    return mx.stack([mx.minimum(px / qx, 1.0), overlap])
 
 
 class Sampler:
@@ -362,15 +399,18 @@ class Sampler:
         if self.cfg.greedy:
             return verify_greedy(logits, drafts)
 
-        def decide(p: mx.array) -> tuple[mx.array, mx.array]:
+        def decide(p: mx.array) -> tuple[mx.array, mx.array, mx.array | None]:
             if drafts.shape[0] == 0:
-                return mx.array(0), categorical(p[0], self.next_key())
-            return rejection_sample(p, q, drafts, self.next_key())
+                return mx.array(0), categorical(p[0], self.next_key()), None
+            return (*rejection_sample(p, q, drafts, self.next_key()),
+                    acceptance_chances(p, q, drafts))
 
         p, exact = processed(logits, self.cfg)
-        verdict = _resolve(*decide(p), drafts, exact)
+        n, token, chances = decide(p)
+        verdict = _resolve(n, token, drafts, exact, chances)
         if verdict is None:
-            verdict = _resolve(*decide(processed(logits, self.cfg, full=True)[0]), drafts)
+            n, token, chances = decide(processed(logits, self.cfg, full=True)[0])
+            verdict = _resolve(n, token, drafts, chances=chances)
         return verdict
 
 

@@ -608,3 +608,22 @@ def test_the_batch_cap_prices_the_cycle_at_its_total_tokens():
     for p in (on, off):  # one draft accepted: α_1 = α_2 = 0.75, and each reaches two
         p.observe(1, 1)
     assert BatchDraftLength.expected_tokens([on, off], 2) == pytest.approx([2.0, 3.5, 4.625])
+
+
+def test_sampled_rounds_teach_alpha_from_their_chances_not_their_coin_flips():
+    """At T > 0 a round reports, per position, the chances it was tested and accepted
+    (Verdict.evidence): α_i reads their ratio, whatever the round's coin flips came to, and a
+    position past the first rejection counts with the chance it would have been reached."""
+    truth = [0.8, 0.6, 0.4, 0.2]
+    evidence, reach = [], 1.0
+    for a in truth:
+        evidence.append((reach, reach * a))
+        reach *= a
+    policy = AdaptiveDraftLength([1.0 + 0.03 * q for q in range(9)], draft_cost=0.02)
+    for _ in range(200):
+        policy.observe(4, 0, draft_seconds=0.08, evidence=evidence)  # every draft 1 rejected
+    assert policy.alphas()[:4] == pytest.approx(truth, abs=0.03)
+    outcomes = AdaptiveDraftLength([1.0 + 0.03 * q for q in range(9)], draft_cost=0.02)
+    for _ in range(200):
+        outcomes.observe(4, 0, draft_seconds=0.08)
+    assert outcomes.alphas()[0] < 0.1  # the same rounds read from n alone

@@ -32,8 +32,11 @@ def test_bench_runs_and_greedy_rows_agree(tmp_path):
     assert "| row |" in (tmp_path / "BENCH.md").read_text()
     assert {"200-token prompt target-only T=0", "200-token prompt ours mtp auto T=0"} <= names
     assert {"ours mtp+lookup k=2 T=0", "ours mtp+lookup auto T=0"} <= names
+    # sampled, the MTP head (alone and behind lookup) at a shallower k too (sweep_sampled)
+    assert {"ours mtp k=3 T=1", "ours mtp+lookup k=3 T=1"} <= names
     auto_ratios = {f"ours {d} auto T={t} ÷ ours {d} k={k} T={t}"
-                   for d in ("mtp", "twin draft", "mtp+lookup") for t in (0, 1) for k in (1, 2)}
+                   for d in ("mtp", "twin draft", "mtp+lookup") for t in (0, 1)
+                   for k in (1, 2, 3)}
     assert set(saved["parity"]) - auto_ratios == {
         "target-only ÷ mlx-lm generate_step T=0", "target-only ÷ mlx-lm generate_step T=1",
         "ours mtp auto T=0 ÷ target-only T=0", "ours mtp auto T=1 ÷ target-only T=1",

@@ -10,6 +10,8 @@ from scipy.stats import chisquare
 from mlx_spec.sampling import (
     Sampler,
     SamplingConfig,
+    Verdict,
+    acceptance_chances,
     categorical,
     penalize,
     probabilities,
@@ -91,6 +93,28 @@ def test_acceptance_rate_matches_theory():
     n, _, _ = _round(p, q, seed=7)
     expected = np.minimum(p[0], q[0]).sum()
     assert abs((n > 0).mean() - expected) < 4 * np.sqrt(expected * (1 - expected) / N)
+
+
+def test_acceptance_evidence_means_are_the_outcomes_probabilities():
+    """Verdict.evidence, what the draft-length policy learns α from at T > 0: over many rounds
+    its (tested, accepted) chances at position i average to P(n >= i) and P(n >= i + 1), the
+    0/1 outcomes' own means, with less spread (the coin flips are averaged out)."""
+    rng = np.random.default_rng(10)
+    p, q = _random_dists(rng, K + 1), _random_dists(rng, K)
+    key_d, key_r = mx.random.split(mx.random.key(11))
+    pb = mx.broadcast_to(mx.array(p, mx.float32), (N, K + 1, V))
+    qb = mx.broadcast_to(mx.array(q, mx.float32), (N, K, V))
+    drafts = categorical(qb, key_d)
+    n = np.array(rejection_sample(pb, qb, drafts, key_r)[0])
+    odds, overlap = np.array(acceptance_chances(pb, qb, drafts))
+    evidence = np.array([Verdict(0, 0, (), tuple(a), tuple(b)).evidence
+                         for a, b in zip(odds, overlap, strict=True)])  # [N, K, 2]
+    for i in range(K):
+        for j, outcome in enumerate((n >= i, n >= i + 1)):
+            chance = evidence[:, i, j]
+            assert chance.std() <= outcome.std() + 1e-6
+            assert abs(chance.mean() - outcome.mean()) < 4 * outcome.std() / np.sqrt(N) + 1e-6
+    assert Verdict(0, 0).evidence is None  # greedy: the outcomes are the chances
 
 
 def test_negative_control_wrong_draft_probabilities_are_detected():

@@ -98,6 +98,19 @@ def accepted(position: Position, k: int, rng: random.Random) -> int:
     return n
 
 
+def evidence(position: Position, k: int) -> list[tuple[float, float]] | None:
+    """What a sampled round of k drafts teaches the policy, as the engine's Verdict.evidence
+    does: per position the chances it was tested and accepted, Π_{j<i} r_j and Π_{j<=i} r_j
+    (each draft's own odds for Σ min(p, q), their mean); None for a run length (greedy)."""
+    if isinstance(position, int):
+        return None
+    out, reach = [], 1.0
+    for r in position[:k]:
+        out.append((reach, reach * r))
+        reach *= r
+    return out
+
+
 @dataclass(frozen=True)
 class RoundCosts:
     """Seconds: a plain token; a round with k drafts = overhead + k·draft + verify[k]
@@ -177,7 +190,8 @@ def _turn(runs: list[Position], costs: RoundCosts, schedule: Schedule, rng: rand
         now += seconds
         schedule.observe_round(k, n, round_s=seconds, fed=fed,
                                draft_s=jitter(k * costs.draft) if split else None,
-                               verify_s=jitter(costs.verify[k]) if split else None)
+                               verify_s=jitter(costs.verify[k]) if split else None,
+                               evidence=evidence(runs[len(arrivals)], k))
         fed = n + 1
         arrivals += [now] * emitted
     span = arrivals[-1] - arrivals[0]

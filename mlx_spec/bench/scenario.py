@@ -156,6 +156,8 @@ def compare_at(cfg: BenchConfig, run: Runner, models: BenchModels, temp: float, 
         group += measure_twin(run, models, k, tag, temp)
     if temp == 0.0:
         group += sweep_draft_length(run, models, cfg.sweep, k, tag, top_p)
+    else:
+        group += sweep_sampled(run, models, k, tag, temp, top_p)
     parity |= compare_auto(run, models, group, temp, top_p, cfg.parity_pairs)
     if top_p == 1.0:  # the MTP head's speedup, which a row reads off one target-only run
         parity[f"ours mtp auto {tag} ÷ target-only {tag}"] = speedup_parity(
@@ -212,6 +214,17 @@ def sweep_draft_length(run: Runner, models: BenchModels, sweep: tuple[int, ...],
                                  f"ours mtp+lookup k={kk} {tag}", "mtp+lookup", "f32", 0.0,
                                  top_p))
     return rows
+
+
+def sweep_sampled(run: Runner, models: BenchModels, k: int, tag: str, temp: float,
+                  top_p: float) -> list[Row]:
+    """Sampled, acceptance decays faster with depth and the best fixed k is shallower than the
+    table's k: the MTP head, alone and behind lookup, at k = 2 and 3 too, so each auto row is
+    compared with its drafter's best fixed k (compare_auto), not with k alone."""
+    return [run.ours(models.wide, make(), kk, f"ours {name} k={kk} {tag}", name, "f32", temp,
+                     top_p)
+            for name, make in (("mtp", models.mtp_on), ("mtp+lookup", models.lookup_on))
+            for kk in (2, 3) if kk != k]
 
 
 def compare_auto(run: Runner, models: BenchModels, group: list[Row], temp: float, top_p: float,

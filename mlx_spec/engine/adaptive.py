@@ -276,13 +276,13 @@ class AdaptiveDraftLength:
 
     def observe(self, k: int, n: int, draft_seconds: float | None = None, *,
                 verify_seconds: float | None = None, round_seconds: float | None = None,
-                fed: int = 1) -> None:
-        """A round drafted k tokens, the target accepted n; its timings, and how many tokens
-        the drafter was fed before drafting (its catch-up). A round that ran draft and verify
-        as one device graph (one host sync) has only its round time: then draft_seconds and
-        verify_seconds are None, and it refines the fixed cost o and the fitted line.
-        A round verified in a batch (chosen under a cap) teaches acceptance only: its times
-        are the whole batch's cycle, the batch's own fit (BatchDraftLength) learns from them."""
+                fed: int = 1, evidence: Sequence[tuple[float, float]] | None = None) -> None:
+        """A round drafted k tokens, the target accepted n; its timings, how many tokens the
+        drafter was fed before drafting (its catch-up), and per position the chances it was
+        tested and accepted (Verdict.evidence; None: n's 0/1 outcomes). A fused round (draft
+        and verify one device graph, one host sync) has only its round time: it refines the
+        fixed cost o and the fitted line. A round verified in a batch (chosen under a cap)
+        teaches acceptance only: its times are the batch's (BatchDraftLength learns them)."""
         if self.batched:
             draft_seconds = verify_seconds = round_seconds = None
         if verify_seconds is not None and verify_seconds > 0:
@@ -318,11 +318,13 @@ class AdaptiveDraftLength:
         # not: a position the current k does not reach must not keep what it showed on text
         # long gone (after a hard turn, an easy one would climb back one stale depth at a time)
         self.age(n + 1)
+        # greedy: position i was tested only if 1..i-1 were accepted
+        evidence = evidence or [(1.0, float(i < n)) for i in range(min(k, n + 1))]
         a, s = self.long
-        self.long = (self.long_keep * a + (n > 0), self.long_keep * s + 1)
-        for i in range(min(k, n + 1)):  # position i was tested only if 1..i-1 were accepted
-            self.accepted[i] += i < n
-            self.seen[i] += 1
+        self.long = (self.long_keep * a + evidence[0][1], self.long_keep * s + 1)
+        for i, (tested, hit) in enumerate(evidence):
+            self.seen[i] += tested
+            self.accepted[i] += hit
         self.opening_rounds += self.opening_due
         if self.opening_due and (not self.shaped and self.opening_rounds >= 3
                                  or self.shaped and PLAIN_FLOOR * self._lead() < 1):
@@ -330,12 +332,10 @@ class AdaptiveDraftLength:
 
     def observe_plain(self, seconds: float, tokens: int = 1) -> None:
         """A run of plain decoding took `seconds` for its `tokens` tokens, its first step
-        included: it refines r0, plain decoding's own drift (kept apart from r: a calibration
-        error between p and c must not leak from one side into the other). A whole run, not its
-        tokens one by one: where a step runs inside the call that builds it (MLX on a CPU), a
-        run's last token reads as free, so per-token times of short runs (the plain probes
-        while speculation is on) read ~(m − 2)/(m − 1) of the real cost, and a 4-token probe
-        made plain decoding look 1.5× cheaper."""
+        included: it refines r0, plain decoding's own drift (apart from r: a calibration error
+        between p and c must not leak across). A whole run: where a step runs inside the call
+        that builds it (MLX on a CPU), a run's last token reads as free (a 4-token probe timed
+        per token made plain decoding look 1.5× cheaper)."""
         if tokens <= 0 or self.batched:  # a batch's plain cycles: the batch's time
             return
         self.opening_due = False  # T(0) is measured now

@@ -144,9 +144,11 @@ class Schedule:
 
     def observe_round(self, k: int, n: int, *, round_s: float, fed: int,
                       draft_s: float | None = None, verify_s: float | None = None,
-                      copied: bool = False) -> None:
+                      copied: bool = False,
+                      evidence: Sequence[tuple[float, float]] | None = None) -> None:
         """A round drafted k and the target accepted n; draft_s / verify_s when it was split;
-        copied: its drafts were a copy (they teach the copies' policy, where there is one)."""
+        copied: its drafts were a copy (they teach the copies' policy, where there is one);
+        evidence: the acceptance chances at T > 0 (Verdict.evidence)."""
         self.full = not copied and n == k > 0  # (a copy says nothing of the model's phase)
         if self.betting:  # an in-phase round (in_phase): was it whole?
             self.phase_bets, self.phase_wins = self.phase_bets + 1, self.phase_wins + (n == k)
@@ -155,7 +157,7 @@ class Schedule:
         for policy in self._policies():
             if policy is source:
                 policy.observe(k, n, draft_s, verify_seconds=verify_s, round_seconds=round_s,
-                               fed=fed)
+                               fed=fed, evidence=evidence)
             else:
                 policy.age(n + 1)
 

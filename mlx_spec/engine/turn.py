@@ -205,7 +205,8 @@ def speculate(conv: Conversation, k: int, sampler: Sampler, schedule: Schedule, 
     tally.add_pass(k, n, draft_s, verify_s)
     schedule.observe_round(k, n, round_s=time.perf_counter() - round_start, fed=draft.fed,
                            draft_s=draft_s if split else None,
-                           verify_s=verify_s if split else None, copied=draft.copied)
+                           verify_s=verify_s if split else None, copied=draft.copied,
+                           evidence=verdict.evidence)
     last = Kind.TARGET if k == 0 else Kind.BONUS if n == k else Kind.CORRECTED
     yield new, ([Kind.ACCEPTED] * n + [last])[: len(new)]
 
