@@ -18,6 +18,7 @@ argmax, then emit the target's argmax.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -234,13 +235,17 @@ class Verdict:
         means are P(drafts 1..i-1 accepted) and P(1..i accepted), as the 0/1 outcomes' are,
         but every position of every round counts, past the first rejection too, and the coin
         flips are averaged out (Rao-Blackwell). None when greedy: the outcomes are the chances."""
-        if not self.overlap:
-            return None
-        out, reach = [], 1.0
-        for a, beta in zip(self.odds, self.overlap, strict=True):
-            out.append((reach, reach * beta))
-            reach *= a
-        return out
+        return chance_evidence(self.odds, self.overlap) if self.overlap else None
+
+
+def chance_evidence(odds: Sequence[float], overlap: Sequence[float]
+                    ) -> list[tuple[float, float]]:
+    """Per position i, (Π_{j<i} odds_j, Π_{j<i} odds_j · overlap_i): see Verdict.evidence."""
+    out, reach = [], 1.0
+    for a, beta in zip(odds, overlap, strict=True):
+        out.append((reach, reach * beta))
+        reach *= a
+    return out
 
 
 def _as_ids(drafts: mx.array | list[int]) -> mx.array:

@@ -35,7 +35,7 @@ from ..engine import Conversation
 from ..engine.adaptive import AdaptiveDraftLength
 from ..engine.schedule import End, Plain, Schedule, Speculate
 from ..events import TurnEnd
-from ..sampling import Sampler, SamplingConfig
+from ..sampling import Sampler, SamplingConfig, chance_evidence
 
 # a position's record: the run length L(t) (greedy), or the odds r_1..r_depth (T > 0)
 Position = int | Sequence[float]
@@ -104,11 +104,7 @@ def evidence(position: Position, k: int) -> list[tuple[float, float]] | None:
     (each draft's own odds for Σ min(p, q), their mean); None for a run length (greedy)."""
     if isinstance(position, int):
         return None
-    out, reach = [], 1.0
-    for r in position[:k]:
-        out.append((reach, reach * r))
-        reach *= r
-    return out
+    return chance_evidence(position[:k], position[:k])
 
 
 @dataclass(frozen=True)
