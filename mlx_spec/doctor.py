@@ -147,7 +147,8 @@ def check_openblas() -> Check:
                      "apt-get install libopenblas0-pthread")
     active = OPENBLAS in os.environ.get("LD_PRELOAD", "")
     if active:
-        return Check("openblas", True, "preloaded")
+        core = os.environ.get("OPENBLAS_CORETYPE")
+        return Check("openblas", True, "preloaded" + (f", {core} kernels" if core else ""))
     if os.environ.get("MLX_SPEC_NO_PRELOAD"):
         return Check("openblas", False, "installed, but MLX_SPEC_NO_PRELOAD is set",
                      "unset MLX_SPEC_NO_PRELOAD")

@@ -8,7 +8,7 @@ from mlx_spec.bench import BenchConfig, bench, parity
 from mlx_spec.bench.demo import bench_demo
 from mlx_spec.bench.parity import first_turn_parity, mirrored
 from mlx_spec.bench.report import write_first_turn
-from mlx_spec.bench.runners import FirstTurn
+from mlx_spec.bench.runners import FirstTurn, Timing, pooled_tok_s
 from mlx_spec.bench.scenario import GROUPS, bench_first_turn
 from mlx_spec.cli import build_parser
 
@@ -89,6 +89,15 @@ def test_demo_group_measures_the_variant_the_app_opens(tmp_path):
 def test_first_turn_group_is_selectable():
     assert build_parser().parse_args(["bench", "--group", "first-turn"]).group == "first-turn"
     assert GROUPS["first-turn"] is bench_first_turn
+
+
+def test_a_rows_rate_pools_its_prompts_tokens_and_seconds():
+    # 10 tokens after the first in 1 s, then 10 in 3 s: the row took 4 s for 20 tokens (5/s),
+    # where the mean of the two rates (10/s and 3.3/s) would read 6.7/s
+    fast = Timing(0.0, [0.5 + i / 10 for i in range(11)])
+    slow = Timing(0.0, [0.5 + 3 * i / 10 for i in range(11)])
+    assert abs(fast.tok_s - 10) < 1e-9 and abs(pooled_tok_s([fast, slow]) - 5.0) < 1e-9
+    assert pooled_tok_s([Timing(0.0, [1.0])]) == 0.0  # one token: no rate, not a division by 0
 
 
 def test_mirrored_runs_each_side_twice_in_mirrored_order():

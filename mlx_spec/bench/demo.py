@@ -26,7 +26,7 @@ from ..drafters.mtp import load_mtp_drafter
 from ..loading import find_mtp_head, load_target
 from ..train.corpus import prompts_from_corpus
 from .parity import abba, describe
-from .report import machine_line, write_json
+from .report import POOLED, machine_line, write_json
 from .runners import BenchConfig, Row, Runner, machine, row_dicts, verify_costs
 
 Log = Callable[[str], None]
@@ -103,7 +103,7 @@ def write_demo(result: dict[str, Any], out: Path) -> None:
              "of the turn's own text where its last 3 tokens appeared before, else the MTP head) "
              "÷ target-only tok/s; the MTP head alone (`--no-lookup`) beside it; each the median "
              f"of {c['parity_pairs']} ABBA pairs. The demo target is small and its greedy text "
-             "loops; copies are right there to the end, and cost no drafting.", "",
+             "loops; copies are right there to the end, and cost no drafting. " + POOLED, "",
              "| target | app's default: mtp+lookup auto ÷ target-only (pairs) | --no-lookup: "
              "mtp auto ÷ target-only (pairs) | target-only tok/s | mtp+lookup auto tok/s | "
              "tokens/pass | best fixed k, head alone: tok/s (×) | verify ms, q = 1..5 |",

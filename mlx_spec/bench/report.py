@@ -37,6 +37,11 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     plot(result, out / "bench.png")
 
 
+POOLED = ("tok/s: a row's tokens after each prompt's first ÷ its time after it, pooled over "
+          "the prompts (not the mean of their rates, which weighs a fast prompt's seconds "
+          "more).")
+
+
 def header(result: dict[str, Any]) -> list[str]:
     """Title, how to reproduce, the machine, the target and whether greedy rows agreed."""
     m = result["machine"]
@@ -47,12 +52,13 @@ def header(result: dict[str, Any]) -> list[str]:
         + (f" (this run: {result['minutes']:.0f} min)." if "minutes" in result else "."),
         f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on {m['device']}, "
         f"mlx-lm {m['mlx_lm']}, OpenBLAS preloaded: {m['openblas_preloaded']}"
+        + (f" ({m['openblas_coretype']} kernels)" if m.get("openblas_coretype") else "")
         + (f"; code at {m['commit']}" if m.get("commit") else "") + ".",
         f"Target: the demo target widened to {result['target']['params'] / 1e6:.0f}M params "
         f"(f32, function-preserving); verify cost for q = 1..9 tokens relative to 1 "
         f"(a least-squares line through the fastest timings): "
         + ", ".join(f"{x:.2f}" for x in result["target"]["verify_cost_ratio"]) + ".",
-        f"Greedy rows produced identical tokens: **{result['greedy_identical']}**.",
+        f"Greedy rows produced identical tokens: **{result['greedy_identical']}**. " + POOLED,
         "",
     ]
 
@@ -125,7 +131,8 @@ def write_published(result: dict[str, Any], prompts: int, max_tokens: int, out: 
              + (f"; code at {result['machine']['commit']}" if result["machine"].get("commit")
                 else "") + ". "
              f"{prompts} held-out prompts × {max_tokens} tokens per row.",
-             f"Greedy rows produced identical tokens: **{result['greedy_identical']}**.", ""]
+             f"Greedy rows produced identical tokens: **{result['greedy_identical']}**. "
+             + POOLED, ""]
     lines += row_table(result["rows"])
     lines += published_section(result["published"])
     lines += ["", "Speedup is against the target-only row of the same target and temperature. "
@@ -143,7 +150,8 @@ def write_json(result: dict[str, Any], path: Path) -> None:
 def machine_line(m: dict[str, Any]) -> str:
     """`Machine: …`: platform, cores, MLX and its device, whether OpenBLAS was preloaded."""
     return (f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on "
-            f"{m['device']}, OpenBLAS preloaded: {m['openblas_preloaded']}")
+            f"{m['device']}, OpenBLAS preloaded: {m['openblas_preloaded']}"
+            + (f" ({m['openblas_coretype']} kernels)" if m.get("openblas_coretype") else ""))
 
 
 def row_table(rows: list[dict[str, Any]]) -> list[str]:

@@ -110,8 +110,23 @@ class Timing:
         return self.arrivals[0] - self.start if self.arrivals else 0.0
 
     @property
+    def span(self) -> tuple[int, float]:
+        """(tokens after the first, seconds from the first token to the last)."""
+        a = self.arrivals
+        return (len(a) - 1, a[-1] - a[0]) if len(a) > 1 else (0, 0.0)
+
+    @property
     def gaps(self) -> list[float]:
         return [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
+
+
+def pooled_tok_s(timings: Iterable[Timing]) -> float:
+    """A row's tok/s over all its prompts: their tokens after each one's first ÷ their time
+    after it. The mean of the prompts' own rates would weigh a fast prompt's seconds more than
+    a slow one's (one prompt at ×3 and one at ×1 read ×2 where the user waits as for ×1.5)."""
+    spans = [t.span for t in timings]
+    seconds = sum(s for _, s in spans)
+    return sum(n for n, _ in spans) / seconds if seconds > 0 else 0.0
 
 
 def timed(stream: Iterable[Any], is_token: Callable[[Any], bool]) -> tuple[list[Any], Timing]:
@@ -207,16 +222,16 @@ def run_ours(engine: Conversation, prompts: list[list[int]], max_tokens: int,
              sampling: SamplingConfig, row: Row, *, seed: int = 0) -> Row:
     """Fill `row` from `max_tokens` fixed-length tokens after each prompt (prompt i drawn with
     seed `seed` + i), each from an empty cache."""
-    rates, stats, gaps = [], [], []
+    timings, stats, gaps = [], [], []
     for i, ids in enumerate(prompts):
         engine.reset()
         cfg = SamplingConfig(**{**asdict(sampling), "seed": seed + i})
         end, timing = timed_turn(engine, ids, max_tokens, cfg)
-        rates.append(timing.tok_s)
+        timings.append(timing)
         gaps += timing.gaps
         stats.append(end.stats)
         row.tokens.append(list(end.tokens))
-    row.tok_s = sum(rates) / len(rates)
+    row.tok_s = pooled_tok_s(timings)
     row.itl_p50_ms, row.itl_p90_ms = itl_ms(gaps)
     t = Totals.from_turns(stats)
     passes = max(t.passes, 1)
@@ -241,7 +256,7 @@ def run_mlx_lm(target: TargetModel, draft: TargetModel | None, prompts: list[lis
     from mlx_lm.generate import generate_step, speculative_generate_step
     from mlx_lm.sample_utils import make_sampler
 
-    rates, from_draft, total, gaps, ttfts = [], 0, 0, [], []
+    timings, from_draft, total, gaps, ttfts = [], 0, 0, [], []
     for i, ids in enumerate(prompts):
         mx.random.seed(i)
         sampler = make_sampler(temp=temperature, top_p=top_p if top_p < 1 else 0.0)
@@ -255,7 +270,7 @@ def run_mlx_lm(target: TargetModel, draft: TargetModel | None, prompts: list[lis
                                                sampler=sampler)
         mx.reset_peak_memory()
         items, timing = timed(stream, lambda _: True)
-        rates.append(timing.tok_s)
+        timings.append(timing)
         gaps += timing.gaps
         ttfts.append(timing.ttft_s)
         row.tokens.append([int(it[0]) for it in items])
@@ -263,7 +278,7 @@ def run_mlx_lm(target: TargetModel, draft: TargetModel | None, prompts: list[lis
             from_draft += sum(bool(it[2]) for it in items)
             total += len(items)
         row.peak_memory_mb = max(row.peak_memory_mb, mx.get_peak_memory() / 2**20)
-    row.tok_s = sum(rates) / len(rates)
+    row.tok_s = pooled_tok_s(timings)
     row.ttft_s = sum(ttfts) / len(ttfts)
     row.itl_p50_ms, row.itl_p90_ms = itl_ms(gaps)
     if draft is None:
@@ -401,6 +416,7 @@ def machine() -> dict[str, Any]:
         "cpu_count": os.cpu_count(), "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__,
         "device": str(mx.default_device()),
         "openblas_preloaded": "openblas" in os.environ.get("LD_PRELOAD", ""),
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
         "commit": _commit(),
     }
 

@@ -30,7 +30,7 @@ from typing import Any
 import mlx.core as mx
 
 from .parity import mirrored, pair_ratios
-from .runners import Row, Runner, itl_ms, timed
+from .runners import Row, Runner, itl_ms, pooled_tok_s, timed
 
 ENGINES = ("mlx-spec", "mlx-vlm")
 OPT_IN = "MLX_SPEC_BENCH_VLM"  # =1: the published group runs the side-by-side rows too
@@ -197,19 +197,19 @@ def measure_vlm(side: Side) -> list[Row]:
         list(stream(side.prompts[0][:8], 4))  # warm-up, as runners.warm_up
         row = Row(side.row_name(spec), spec.drafter, "mlx-vlm", side.target_name, 0.0, 1.0,
                   spec.k or 1)
-        rates, gaps, ttfts, accepted, drafted = [], [], [], [], []
+        timings, gaps, ttfts, accepted, drafted = [], [], [], [], []
         for ids in side.prompts:
             mx.reset_peak_memory()
             items, timing = timed(stream(ids, side.max_tokens), lambda _: True)
             row.tokens.append([int(t) for t, _ in items][: side.max_tokens])
-            rates.append(timing.tok_s)
+            timings.append(timing)
             gaps += timing.gaps
             ttfts.append(timing.ttft_s)
             row.peak_memory_mb = max(row.peak_memory_mb, mx.get_peak_memory() / 2**20)
             if drafter is not None:
                 accepted += [int(a) for a in drafter.accept_lens]
                 drafted += [int(d) for d in drafter.draft_lens]
-        row.tok_s = statistics.fmean(rates)
+        row.tok_s = pooled_tok_s(timings)
         row.ttft_s = statistics.fmean(ttfts)
         row.itl_p50_ms, row.itl_p90_ms = itl_ms(gaps)
         fill_acceptance(row, accepted, drafted, sum(len(t) for t in row.tokens))
