@@ -102,8 +102,7 @@ class Timing:
     @property
     def tok_s(self) -> float:
         """(tokens − 1) / (time of last token − time of first token)."""
-        a = self.arrivals
-        return (len(a) - 1) / (a[-1] - a[0]) if len(a) > 1 and a[-1] > a[0] else 0.0
+        return pooled_tok_s([self])
 
     @property
     def ttft_s(self) -> float:
