@@ -51,8 +51,7 @@ def header(result: dict[str, Any]) -> list[str]:
         "Reproduce: `uv run mlx-spec bench` or `uv run mlx-spec bench --quick`"
         + (f" (this run: {result['minutes']:.0f} min)." if "minutes" in result else "."),
         f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on {m['device']}, "
-        f"mlx-lm {m['mlx_lm']}, OpenBLAS preloaded: {m['openblas_preloaded']}"
-        + (f" ({m['openblas_coretype']} kernels)" if m.get("openblas_coretype") else "")
+        f"mlx-lm {m['mlx_lm']}, {blas(m)}"
         + (f"; code at {m['commit']}" if m.get("commit") else "") + ".",
         f"Target: the demo target widened to {result['target']['params'] / 1e6:.0f}M params "
         f"(f32, function-preserving); verify cost for q = 1..9 tokens relative to 1 "
@@ -150,7 +149,12 @@ def write_json(result: dict[str, Any], path: Path) -> None:
 def machine_line(m: dict[str, Any]) -> str:
     """`Machine: …`: platform, cores, MLX and its device, whether OpenBLAS was preloaded."""
     return (f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on "
-            f"{m['device']}, OpenBLAS preloaded: {m['openblas_preloaded']}"
+            f"{m['device']}, {blas(m)}")
+
+
+def blas(m: dict[str, Any]) -> str:
+    """Whether OpenBLAS was preloaded, and the kernels the environment named for it."""
+    return (f"OpenBLAS preloaded: {m['openblas_preloaded']}"
             + (f" ({m['openblas_coretype']} kernels)" if m.get("openblas_coretype") else ""))
 
 
