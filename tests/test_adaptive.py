@@ -6,7 +6,7 @@ import pytest
 from helpers import PROMPT, assert_same_or_near_tie, conversation, run
 
 from mlx_spec.drafters import DraftModelDrafter
-from mlx_spec.engine.adaptive import GUESS, AdaptiveDraftLength
+from mlx_spec.engine.adaptive import GUESS, AdaptiveDraftLength, expected_by_k
 from mlx_spec.engine.batch_length import BatchDraftLength
 from mlx_spec.engine.costs import measure_verify_costs, smooth_linear, smooth_monotone
 
@@ -344,7 +344,7 @@ def test_one_lucky_probe_does_not_switch_speculation_back_on():
         policy.choose()
         policy.age()
     policy.observe(1, 1, draft_seconds=0.05)
-    optimistic = policy._expected(policy.optimistic(policy.alphas()))
+    optimistic = expected_by_k(policy.optimistic(policy.alphas()))
     assert max(optimistic[k] / policy.round_cost(k) for k in range(9)) > 1 / policy.round_cost(0)
     assert [policy.choose() for _ in range(5)] == [0] * 5
 

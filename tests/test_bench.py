@@ -6,6 +6,7 @@ import json
 
 from mlx_spec.bench import BenchConfig, bench, parity
 from mlx_spec.bench.demo import bench_demo
+from mlx_spec.bench.needed import equal_acceptance, needed_section
 from mlx_spec.bench.parity import first_turn_parity, mirrored
 from mlx_spec.bench.report import write_first_turn
 from mlx_spec.bench.runners import FirstTurn, Timing, pooled_tok_s
@@ -98,6 +99,21 @@ def test_a_rows_rate_pools_its_prompts_tokens_and_seconds():
     slow = Timing(0.0, [0.5 + 3 * i / 10 for i in range(11)])
     assert abs(fast.tok_s - 10) < 1e-9 and abs(pooled_tok_s([fast, slow]) - 5.0) < 1e-9
     assert pooled_tok_s([Timing(0.0, [1.0])]) == 0.0  # one token: no rate, not a division by 0
+
+
+def test_what_acceptance_pays_is_solved_from_a_rows_round_cost():
+    # target-only 10 tok/s; k = 2 rounds emitting 2 tokens at 10 tok/s take 0.2 s, two target
+    # tokens. Breaking even needs 1 + α + α² = 2: α = 0.618 (the golden ratio's inverse);
+    # ×1.5 needs 3 tokens, all drafts right (α = 1); ×2 needs 4, more than a round can emit
+    row = dict(name="ours mtp k=2 T=0", engine="mlx-spec", num_draft=2, temperature=0.0,
+               top_p=1.0, tok_s=10.0, tokens_per_pass=2.0)
+    plain = dict(name="target-only T=0", engine="mlx-spec", num_draft=1, temperature=0.0,
+                 top_p=1.0, tok_s=10.0, tokens_per_pass=1.0)
+    assert abs(equal_acceptance(2.0, 2) - (5 ** 0.5 - 1) / 2) < 1e-9
+    assert equal_acceptance(4.0, 2) is None and equal_acceptance(1.0, 3) == 0.0
+    table = needed_section([plain, row])
+    assert table[-1] == "| ours mtp k=2 T=0 | 2.00 | 0.62 / 1.00 / – / – | 2.00 (0.62) |"
+    assert needed_section([row]) == []  # no target-only row at its temperature: nothing
 
 
 def test_mirrored_runs_each_side_twice_in_mirrored_order():

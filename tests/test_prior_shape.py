@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mlx_spec.bench.replay import RoundCosts, replay
-from mlx_spec.engine.adaptive import AdaptiveDraftLength
+from mlx_spec.engine.adaptive import AdaptiveDraftLength, expected_by_k
 
 DRAFT = 0.005  # seconds per drafted token
 
@@ -58,7 +58,7 @@ def drive(policy: AdaptiveDraftLength, verify=steep, rounds: int = 40) -> list[i
 
 def best(policy: AdaptiveDraftLength, round_cost) -> int:
     """argmax_k E(k) / T(k) on the policy's own acceptance evidence and the costs given."""
-    expected = policy._expected(policy.alphas())
+    expected = expected_by_k(policy.alphas())
     return max(range(1, policy.k_max + 1), key=lambda k: expected[k] / round_cost(k))
 
 

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .needed import needed_section
+
 
 def cell(value: float | None, spec: str, prefix: str = "") -> str:
     """A table cell: `value` formatted with `spec` after `prefix`, "–" where it is None."""
@@ -22,6 +24,7 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     lines += auto_section(result.get("auto_vs_best_fixed", []))
     if result.get("parity"):
         lines += parity_section(result["parity"])
+    lines += needed_section(result["rows"])
     if long := [r for r in result["rows"] if "-token prompt" in r["name"]]:
         lines += long_prompt_section(long)
     if v := result.get("vocabulary"):

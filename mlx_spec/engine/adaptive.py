@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import accumulate
+from operator import mul
 
 from .costs import on_the_line, remember, shrunk_line, smooth_linear, steps_off_line
 
@@ -37,6 +39,12 @@ OPENING_PLAIN = 2  # plain tokens a policy on a prior opens with (see AdaptiveDr
 PLAIN_FLOOR = 0.7
 # how much dearer than a round at the deepest measured depth (+ 1) a round past it may be (reach)
 GUESS = 0.1
+
+
+def expected_by_k(alphas: Sequence[float]) -> list[float]:
+    """E(k) = 1 + Σ_{m≤k} Π_{j≤m} α_j for k = 0..len(alphas), in one pass: the tokens a round
+    of k drafts emits, α_j the chance draft j is accepted given the ones before it were."""
+    return list(accumulate(accumulate(alphas, mul), initial=1.0))
 
 
 class AdaptiveDraftLength:
@@ -132,21 +140,12 @@ class AdaptiveDraftLength:
         return [self.prior_weight] + [self.depth_weight] * (self.k_max - 1)
 
     def expected_tokens(self, k: int) -> float:
-        return self._expected(self.alphas())[k]
+        return expected_by_k(self.alphas())[k]
 
     def expected(self) -> list[float]:
         """E(k) for k = 0..k_max, from the estimates themselves."""
-        return self._expected(self.alphas())
+        return expected_by_k(self.alphas())
 
-    @staticmethod
-    def _expected(alphas: list[float]) -> list[float]:
-        """E(k) for k = 0..k_max in one pass."""
-        out, total, run = [1.0], 1.0, 1.0
-        for alpha in alphas:
-            run *= alpha
-            total += run
-            out.append(total)
-        return out
 
     def model_cost(self, k: int) -> float:
         """T(k) from the fitted terms (k >= 1)."""
@@ -195,11 +194,11 @@ class AdaptiveDraftLength:
             return min(top, self.cap, self.reach())
         cost = self.round_costs(top)
         alphas = self.alphas()
-        expected = self._expected(alphas)
+        expected = expected_by_k(alphas)
         # hysteresis: staying on reads each α one standard error high (a few rejections are
         # thin evidence); turning on reads the estimates themselves, so one lucky probe, whose
         # untried deeper positions would read ~1 optimistically, cannot switch it on
-        reading = self._expected(self.optimistic(alphas)) if self.on else expected
+        reading = expected_by_k(self.optimistic(alphas)) if self.on else expected
         if max(range(top + 1), key=lambda k: reading[k] / cost[k]) == 0:
             self.on = False
             self.rounds_off += 1
@@ -393,7 +392,7 @@ class AdaptiveDraftLength:
         """How far speculation leads plain decoding, read as the on/off decision reads it
         (α one standard error high while on): max_k (E(k)/T(k)) · T(0)."""
         cost, alphas = self.round_costs(self.k_max), self.alphas()
-        expected = self._expected(self.optimistic(alphas) if self.on else alphas)
+        expected = expected_by_k(self.optimistic(alphas) if self.on else alphas)
         return max(expected[k] / cost[k] for k in range(1, self.k_max + 1)) * cost[0]
 
     def opening(self) -> None:
