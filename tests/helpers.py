@@ -6,6 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import QuantizedKVCache
 
 from mlx_spec import cache as kv
 from mlx_spec.cache import RecurrentCache, WindowKVCache
@@ -14,6 +15,7 @@ from mlx_spec.drafters.dflash import DFlashDrafter, stored
 from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.drafters.mtp import MTPDrafter
 from mlx_spec.engine import Engine
+from mlx_spec.engine.costs import TargetCosts
 from mlx_spec.events import TurnEnd
 
 PROMPT = [(i * 29) % 300 + 5 for i in range(20)]
@@ -127,8 +129,11 @@ def stored_kv(c):
 
 def assert_cache_equals_recompute(target, caches, tokens, atol=1e-4):
     """The cache after speculation equals a fresh prefill of exactly these tokens: every layer's
-    K/V, and every recurrent layer's conv and delta-rule state."""
-    fresh = kv.make_cache(target.model, slack=64)
+    K/V, and every recurrent layer's conv and delta-rule state. Quantized KV is compared with a
+    fresh quantized cache, up to a quantization step."""
+    bits = next((c.bits for c in caches if isinstance(c, QuantizedKVCache)), None)
+    atol = atol if bits is None else max(atol, 0.05)
+    fresh = kv.make_cache(target.model, slack=64, kv_bits=bits)
     if tokens:
         target.forward(tokens, fresh)
     for got, want in zip(caches, fresh, strict=True):
@@ -240,3 +245,18 @@ def assert_lossless_behind_lookup(target, tokenizer, drafter, k, max_tokens=40):
     checked(engine)
     got, _ = run(engine, prompt=prompt, max_tokens=max_tokens)
     assert_same_or_near_tie(target, prompt, list(got.tokens), list(want.tokens))
+
+
+def padded(conv, monkeypatch, size: int = 16) -> list[int]:
+    """Make every verify pass of `conv` run as `size` tokens (as if measured cheapest) and
+    record the length of every pass over its cache."""
+    conv.engine._measured = TargetCosts((1.0,) * size, 1.0, pad_to=(size,) * size)
+    fed, forward = [], conv.target.forward
+
+    def counted(tokens, cache, **kw):
+        if cache is conv.cache:  # the conversation's passes (a drafter may share the weights)
+            fed.append(len(tokens))
+        return forward(tokens, cache, **kw)
+
+    monkeypatch.setattr(conv.target, "forward", counted)
+    return fed

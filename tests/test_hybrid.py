@@ -21,6 +21,7 @@ from helpers import (
     checked,
     conversation,
     open_chat,
+    padded,
     run,
 )
 from mlx_lm.generate import generate_step
@@ -114,6 +115,24 @@ def test_published_mtp_greedy_identity_and_state(loaded, checkpoints, arch, k):
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), list(baseline.tokens))
     s = end.stats
     assert 0 < s.accepted < s.drafted  # both paths: kept drafts and rolled-back ones
+
+
+@pytest.mark.parametrize("arch", HYBRID)
+def test_padded_verify_passes_roll_back_every_recurrent_state(loaded, checkpoints, monkeypatch,
+                                                               arch):
+    """Every verify pass padded to 16 tokens (as where the device runs that size cheaper): the
+    recurrent layers took the padding too, and the commit still rolls every state back to
+    the accepted prefix; greedy output equals target-only's."""
+    target, tok = loaded(arch)
+    baseline, _ = run(conversation(target, tok, None))
+    engine = conversation(target, tok, make_drafter("mtp", target, model_path=checkpoints(arch)),
+                          draft_length=4)
+    fed = padded(engine, monkeypatch)
+    rounds = checked(engine)
+    end, _ = run(engine)
+    assert_same_or_near_tie(target, PROMPT, list(end.tokens), list(baseline.tokens))
+    assert 0 < end.stats.accepted < end.stats.drafted
+    assert 16 in fed and set(fed[-len(rounds):]) <= {16, 1}  # verifies padded (1: plain)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 6])

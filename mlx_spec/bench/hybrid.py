@@ -25,7 +25,15 @@ from ..model import TargetModel
 from ..recurrent import rollback_strategy
 from ..train.modeldir import build_model
 from .parity import auto_parity, describe, target_only_parity
-from .runners import BenchConfig, Row, Runner, against_target_only, efficiency, verify_costs
+from .runners import (
+    BenchConfig,
+    Row,
+    Runner,
+    against_target_only,
+    as_run,
+    efficiency,
+    verify_costs,
+)
 from .widen import parameter_count, widen_hybrid, widen_nextn
 
 SMALL = dict(model_type="qwen3_5", tie_word_embeddings=False, text_config=dict(
@@ -107,7 +115,7 @@ def hybrid_rows(cfg: BenchConfig, run: Runner, log: Callable[[str], None]
     n_params = parameter_count(wide.model)
     k = cfg.num_draft
     log(f"-- hybrid: random Qwen3.5-layout target widened to {n_params / 1e6:.0f}M params f32")
-    costs = verify_costs(wide, max(8, k), repeats=7)
+    costs = as_run(verify_costs(wide, max(8, k), repeats=7))
     group = measure_rows(run, small, wide, mtp, k)
     against_target_only(group)
     for r in group:

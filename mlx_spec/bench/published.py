@@ -48,7 +48,15 @@ from ..train.modeldir import build_model, save_model_dir
 from . import vlm
 from .hybrid import SMALL, build_hybrid
 from .report import SIDE_BY_SIDE
-from .runners import BenchConfig, Row, Runner, against_target_only, efficiency, verify_costs
+from .runners import (
+    BenchConfig,
+    Row,
+    Runner,
+    against_target_only,
+    as_run,
+    efficiency,
+    verify_costs,
+)
 from .widen import parameter_count
 
 
@@ -186,7 +194,7 @@ def published_rows(cfg: BenchConfig, run: Runner, log: Callable[[str], None]
                                ("eagle3", eagle3_pair, 0.0)):
         target, drafter = build(noise, hidden=cfg.hidden, layers=cfg.layers, ffn=cfg.ffn)
         n = parameter_count(target.model)
-        costs = verify_costs(target, 8, repeats=5)
+        costs = as_run(verify_costs(target, 8, repeats=5))
         log(f"-- {name}: constructed pair on a {n / 1e6:.0f}M-param f32 {target.name} target")
         rows = measure_pair(run, name, target, drafter)
         against_target_only(rows)

@@ -40,6 +40,8 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     plot(result, out / "bench.png")
 
 
+AS_RUN = ("as the engine runs the passes (each at the size it pads to, where a longer pass "
+          "was measured cheaper; made non-decreasing)")
 POOLED = ("tok/s: a row's tokens after each prompt's first ÷ its time after it, pooled over "
           "the prompts (not the mean of their rates, which weighs a fast prompt's seconds "
           "more).")
@@ -47,7 +49,7 @@ POOLED = ("tok/s: a row's tokens after each prompt's first ÷ its time after it,
 
 def header(result: dict[str, Any]) -> list[str]:
     """Title, how to reproduce, the machine, the target and whether greedy rows agreed."""
-    m = result["machine"]
+    m, ratio = result["machine"], result["target"]["verify_cost_ratio"]
     return [
         "# Benchmark",
         "",
@@ -57,9 +59,8 @@ def header(result: dict[str, Any]) -> list[str]:
         f"mlx-lm {m['mlx_lm']}, {blas(m)}"
         + (f"; code at {m['commit']}" if m.get("commit") else "") + ".",
         f"Target: the demo target widened to {result['target']['params'] / 1e6:.0f}M params "
-        f"(f32, function-preserving); verify cost for q = 1..9 tokens relative to 1 "
-        f"(a least-squares line through the fastest timings): "
-        + ", ".join(f"{x:.2f}" for x in result["target"]["verify_cost_ratio"]) + ".",
+        f"(f32, function-preserving); verify cost for q = 1..{len(ratio)} tokens relative to "
+        f"1, {AS_RUN}: " + ", ".join(f"{x:.2f}" for x in ratio) + ".",
         f"Greedy rows produced identical tokens: **{result['greedy_identical']}**. " + POOLED,
         "",
     ]
@@ -112,7 +113,7 @@ def notes(verify_cost_ms: list[float]) -> list[str]:
             "parts. ITL: gaps between consecutive tokens as the caller got "
             "them (speculation hands over a round's tokens at once). Efficiency = "
             "measured speedup ÷ (tokens per pass × c(1) / (c(k+1) + draft time per pass)), "
-            "c from the line fit; the raw verify timings (ms, q = 1..9): "
+            f"c {AS_RUN}; the raw verify timings (ms, q = 1..{len(verify_cost_ms)}): "
             + ", ".join(f"{x:.1f}" for x in verify_cost_ms) + ".",
             "", "![speedup vs draft length](bench.png)", "",
             "Gemma 4 assistant and EAGLE-3 rows: [BENCH-drafters.md](BENCH-drafters.md) "
@@ -192,7 +193,7 @@ def hybrid_section(h: dict[str, Any]) -> list[str]:
         "GDN heads ×2). Its MTP head is in the published Qwen3.5 layout and *constructed* to "
         "agree with the target's undamped part (bench/hybrid.py), so its acceptance is "
         "synthetic; `draft (twin)` is the unwidened model itself, a perfect drafter. Verify "
-        "cost for q = 1..9 tokens relative to 1: "
+        f"cost for q = 1..9 tokens relative to 1, {AS_RUN}: "
         + ", ".join(f"{x:.2f}" for x in h["verify_cost_ratio"]) + ".", "",
         f"Target-only on this model ÷ mlx-lm `generate_step` on the same model, median of "
         f"{len(h['parity']['pairs'])} ABBA pairs: **{h['parity']['median']:.3f}** (pairs: "
@@ -233,7 +234,7 @@ def published_section(p: dict[str, Any]) -> list[str]:
     for name, info in p.items():
         lines.append(f"- {name}: target {info['params'] / 1e6:.0f}M params f32, drafter "
                      f"{info['draft_params'] / 1e6:.1f}M, target branch outputs scaled by "
-                     f"{info['noise']:g}; verify cost for q = 1..9 tokens relative to 1: "
+                     f"{info['noise']:g}; verify cost for q = 1..9 tokens relative to 1, {AS_RUN}: "
                      + ", ".join(f"{x:.2f}" for x in info["verify_cost_ratio"]) + ".")
     return lines + (side_by_side_section(side) if side else [])
 

@@ -28,7 +28,7 @@ from ..drafters.lookup import LookupFirst
 from ..drafters.mtp import MTPDrafter, load_mtp_drafter
 from ..engine import Conversation, Engine
 from ..engine.calibration import CalibrationStore
-from ..engine.costs import measure_verify_costs, smooth_linear
+from ..engine.costs import measure_verify_costs, pad_targets, smooth_monotone
 from ..events import TokenEvent, TurnEnd
 from ..loading import find_mtp_head, load_target
 from ..model import TargetModel
@@ -179,10 +179,11 @@ def make_engine(target: TargetModel, tokenizer: Any, drafter: Drafter | None,
 
 
 def warm_up(engine: Conversation, prompt: list[int]) -> None:
-    """Calibrate the engine of an adaptive conversation (so an `auto` row runs on measured
-    costs, as it did when a first turn calibrated them), then four tokens after the prompt's
-    first eight, so a row times no first-call compilation."""
-    if engine.adaptive and engine.drafter is not None:
+    """Calibrate the engine of a speculative conversation (so a row runs on measured costs, as
+    in the app once its idle calibration ran: `auto` reads them, and every verify pass runs at
+    the size they found cheapest), then four tokens after the prompt's first eight, so a row
+    times no first-call compilation."""
+    if engine.drafter is not None:
         engine.engine.calibrate()
     list(engine.generate(prompt[:8], max_tokens=4))
 
@@ -394,9 +395,10 @@ def verify_costs(target: TargetModel, k_max: int, *, repeats: int = 5) -> tuple[
     return measure_verify_costs(target, k_max, repeats=repeats, smooth=False)
 
 
-def line_fit(costs: tuple[float, ...]) -> tuple[float, ...]:
-    """The least-squares line through verify costs (slope ≥ 0), as `auto` fits them."""
-    return smooth_linear(costs)
+def as_run(raw: tuple[float, ...]) -> tuple[float, ...]:
+    """Verify costs as the engine runs the passes: each q at the size it pads to
+    (costs.pad_targets), made non-decreasing, as a calibration keeps them."""
+    return smooth_monotone([raw[p - 1] for p in pad_targets(raw)])
 
 
 def efficiency(r: Row, costs: tuple[float, ...]) -> float | None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..drafters import DraftModelDrafter, NgramDrafter
+from ..engine.costs import PAD_REACH
 from ..train.corpus import long_prompt, prompts_from_corpus
 from .demo import bench_demo
 from .distributed import bench_distributed
@@ -42,8 +43,8 @@ from .runners import (
     BenchModels,
     Row,
     Runner,
+    as_run,
     efficiency,
-    line_fit,
     load_bench_models,
     load_demo,
     load_demo_tokenizer,
@@ -70,9 +71,9 @@ def bench(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]:
         f"({cfg.hidden}x{cfg.layers}, ffn {cfg.ffn})")
     run = Runner(models.tokenizer, prompts_from_corpus(models.tokenizer, cfg.prompts),
                  cfg.max_tokens)
-    raw = verify_costs(models.wide, max(8, cfg.num_draft))
-    costs = line_fit(raw)
-    log("verify cost, q=1..9 tokens (×1 token), line fit: "
+    raw = verify_costs(models.wide, max(PAD_REACH - 1, cfg.num_draft))
+    costs = as_run(raw)
+    log(f"verify cost, q=1..{len(raw)} tokens (×1 token), as run: "
         + " ".join(f"{c / costs[0]:.2f}" for c in costs)
         + "; fastest timings: " + " ".join(f"{1e3 * c:.1f}" for c in raw) + " ms")
 

@@ -24,8 +24,9 @@ from ..model import TargetModel
 from ..paths import data_dir
 from .costs import TargetCosts
 
-VERSION = 2  # of what is measured and how: a change invalidates every saved calibration
-# (2: verify costs kept in steps, not a line: costs.smooth_monotone)
+VERSION = 3  # of what is measured and how: a change invalidates every saved calibration
+# (2: verify costs kept in steps, not a line: costs.smooth_monotone; 3: timed to 16 tokens,
+# with the pass sizes a verify runs as: costs.pad_targets)
 PRIOR_SLOPE = 0.05  # the generic prior: c(q) = c(1)·(1 + 0.05·(q − 1)), memory-bound
 PRIOR_BANDWIDTH = 100e9  # bytes per second the generic prior reads the weights at
 
@@ -48,7 +49,8 @@ class Calibration:
                  target_bytes=self.target_bytes, measured_at=self.measured_at,
                  baseline=self.baseline,
                  costs=None if self.costs is None else dict(verify=list(self.costs.verify),
-                                                            plain=self.costs.plain))
+                                                            plain=self.costs.plain,
+                                                            pad_to=list(self.costs.pad_to)))
         return json.dumps(d, indent=1)
 
     @classmethod
@@ -61,7 +63,8 @@ class Calibration:
                    target_bytes=int(d["target_bytes"]), measured_at=float(d["measured_at"]),
                    baseline=d.get("baseline"),
                    costs=None if costs is None else TargetCosts(
-                       tuple(float(c) for c in costs["verify"]), float(costs["plain"])))
+                       tuple(float(c) for c in costs["verify"]), float(costs["plain"]),
+                       pad_to=tuple(int(p) for p in costs["pad_to"])))
 
 
 def device_name() -> str:

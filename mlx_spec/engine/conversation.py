@@ -211,10 +211,16 @@ class Conversation:
     def verify(self, draft: Draft) -> tuple[mx.array, mx.array | None]:
         """One target forward over [pending, d_1..d_k]: logits [k+1, V] (and hidden [k+1, D]).
         The drafts enter as device arrays: no host round trip between drafting and verifying.
+        Padded to the pass size the engine measured cheaper (Engine.pass_size): the padding's
+        rows are not read, and the commit cuts their cache entries with the rejected drafts'.
         (batch.verify_together runs several conversations' in one pass.)"""
         inputs = self.verify_input(draft)
+        q = inputs.shape[0]
+        size = self.engine.pass_size(q)
+        if size > q:  # any token will do: nothing reads what follows it
+            inputs = mx.concatenate([inputs, mx.repeat(inputs[-1:], size - q)])
         logits, hidden = self.target.forward(inputs, self.cache, hidden=self.wants_hidden)
-        return self.verified(inputs.shape[0], draft, logits, hidden)
+        return self.verified(size, draft, logits[:q], hidden[:q] if hidden is not None else None)
 
     def verify_input(self, draft: Draft) -> mx.array:
         """What the verify pass feeds: the pending token(s), then the drafts."""
@@ -223,7 +229,8 @@ class Conversation:
 
     def verified(self, fed: int, draft: Draft, logits: mx.array,
                  hidden: mx.array | None) -> tuple[mx.array, mx.array | None]:
-        """The cache took `fed` more tokens; the k+1 distributions the round decides on."""
+        """The cache took `fed` more tokens (padding included); the k+1 distributions the
+        round decides on are the last k+1 of the rows given."""
         self.cached += fed
         n = draft.k + 1
         return logits[-n:], (hidden[-n:] if hidden is not None else None)

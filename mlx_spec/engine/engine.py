@@ -64,6 +64,11 @@ class Engine:
             self._priors[max_draft] = self.store.prior(self.target, max_draft)
         return self._priors[max_draft]
 
+    def pass_size(self, q: int) -> int:
+        """The tokens a q-token verify pass runs as: padded where the measured costs found a
+        longer pass cheaper (costs.pad_targets), else q (and always q before a calibration)."""
+        return self._measured.pass_size(q) if self._measured is not None else q
+
     def calibrate(self, max_draft: int | None = None, *, stop: Any = None) -> bool:
         """Measure the costs (a few timed target passes on a scratch cache) and save them, to
         `max_draft` (default: as far as `auto` may draft). stop: an Event-like flag checked
