@@ -184,9 +184,10 @@ def test_bad_configs_are_refused_by_name(tmp_path, pair, pair_dir):
 
 def test_auto_reaches_the_whole_block(pair, tmp_path):
     """`auto` may draft a DFlash block to its end (block_size - 1), so the engine measures
-    the verify costs that far (a calibration to AUTO_MAX_DRAFT alone is not enough)."""
+    the verify costs that far."""
     from mlx_spec.engine import Engine
     from mlx_spec.engine.calibration import CalibrationStore
+    from mlx_spec.engine.costs import PAD_REACH
     from mlx_spec.spec import AUTO_MAX_DRAFT
 
     target, tok, drafter = pair("random")
@@ -195,10 +196,8 @@ def test_auto_reaches_the_whole_block(pair, tmp_path):
     assert engine.auto_ceiling == 15 > AUTO_MAX_DRAFT
     conv = engine.conversation()
     assert conv.max_draft == 15
-    engine.calibrate(AUTO_MAX_DRAFT)
-    assert not engine.calibrated  # measured to 8: the block needs more
-    engine.calibrate()
-    assert engine.calibrated and len(engine.costs(15).verify) == 16
+    engine.calibrate(AUTO_MAX_DRAFT)  # passes are timed to PAD_REACH (16) whatever it asks
+    assert engine.calibrated and len(engine.costs(15).verify) == 16 == PAD_REACH
     end, _ = run(conv, prompt=PROMPT, max_tokens=24)
     assert end.stats.adaptive and len(end.stats.per_position_drafted) == 15
 

@@ -28,12 +28,14 @@ from ..sampling import Sampler, SamplingConfig, Tokens
 from ..spec import DraftLength, auto_ceiling, check_draft_length, max_draft_for
 from .adaptive import AdaptiveDraftLength
 from .batch import Prefilled
+from .costs import PAD_REACH
 from .turn import Drafting, Pause, Reply, Verify, play
 
 if TYPE_CHECKING:
     from .engine import Engine
 
 PREFILL_CHUNK = 512
+COPY_REACH = PAD_REACH - 1  # `auto` copies (no drafting cost) as far as passes are timed
 
 
 class Conversation:
@@ -90,14 +92,17 @@ class Conversation:
 
     def policy_for(self, greedy: bool, *, copies: bool = False) -> AdaptiveDraftLength | None:
         """The adaptive draft-length policy for this drafter and this kind of sampling (copies:
-        for a lookup drafter's copied rounds), on the engine's costs: measured, or a prior
-        until they are (None with a fixed k, no drafter, or no copies to choose for)."""
+        for a lookup drafter's copied rounds, which may copy up to COPY_REACH tokens: a copy
+        costs nothing to draft, so how far pays is the verify pass's to say), on the engine's
+        costs: measured, or a prior until they are (None with a fixed k, no drafter, or no
+        copies to choose for)."""
         if not self.adaptive or self.drafter is None:
             return None
         if copies and not hasattr(self.drafter, "copy_ready"):
             return None
         name = self.drafter.name + ("/copies" if copies else "")
-        key, costs = (name, greedy), self.engine.costs(self.max_draft)
+        reach = max(self.max_draft, COPY_REACH) if copies else self.max_draft
+        key, costs = (name, greedy), self.engine.costs(reach)
         policy = self.policies.get(key)
         if policy is None:
             policy = self.policies[key] = AdaptiveDraftLength(  # (a copy: no drafting cost)
