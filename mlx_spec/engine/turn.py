@@ -284,7 +284,8 @@ def turn_stats(conv: Conversation, prompt: list[int], reused: int, prefill_s: fl
         drafter_bytes=conv.drafter_bytes(),
         kv_cache_bytes=kv.nbytes(conv.cache),
         drafter=conv.drafter.name if conv.drafter is not None else "none",
-        max_draft=conv.max_draft if conv.drafter is not None else 0,
+        max_draft=0 if conv.drafter is None else max(  # copies may reach further
+            conv.max_draft, conv.copy_policy.k_max if conv.copy_policy is not None else 0),
         adaptive=conv.policy is not None,
         finish_reason=finish,
         ranks=conv.target.ranks,
