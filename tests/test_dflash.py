@@ -21,7 +21,15 @@ from dflash import (
     write_target,
 )
 from eagle3 import VOCAB
-from helpers import assert_same_or_near_tie, checked, conversation, loaded_pairs, open_chat, run
+from helpers import (
+    assert_same_or_near_tie,
+    checked,
+    conversation,
+    loaded_pairs,
+    open_chat,
+    padded,
+    run,
+)
 from mlx.utils import tree_flatten
 from published import build_pair, write_checkpoint
 from reference import dflash as ref
@@ -130,6 +138,19 @@ def test_greedy_identity_and_context_equals_recompute(pair, kind, k):
         got2, _ = run(engine, prompt=second, max_tokens=16)
         want2, _ = run(conversation(target, tok, None), prompt=second, max_tokens=16)
         assert_same_or_near_tie(target, second, list(got2.tokens), list(want2.tokens))
+
+
+@pytest.mark.parametrize("kind", ["random", "hybrid"])
+def test_padded_passes_keep_greedy_identity_and_the_context(pair, monkeypatch, kind):
+    """Blocks of 8 verified in passes padded to 16: the context takes the real rows only."""
+    target, tok, drafter = pair(kind)
+    want, _ = run(conversation(target, tok, None), prompt=PROMPT, max_tokens=40)
+    engine = conversation(target, tok, drafter, draft_length=7)
+    fed = padded(engine, monkeypatch)
+    checked(engine)
+    got, _ = run(engine, prompt=PROMPT, max_tokens=40)
+    assert_same_or_near_tie(target, PROMPT, list(got.tokens), list(want.tokens))
+    assert 16 in fed
 
 
 def test_block_speculation_samples_the_target_distribution(pair):

@@ -22,7 +22,15 @@ from eagle3 import (
     write_head,
     write_target,
 )
-from helpers import assert_same_or_near_tie, checked, conversation, loaded_pairs, open_chat, run
+from helpers import (
+    assert_same_or_near_tie,
+    checked,
+    conversation,
+    loaded_pairs,
+    open_chat,
+    padded,
+    run,
+)
 from mlx.utils import tree_flatten
 from reference import eagle3 as ref
 from test_engine_sampling import assert_both_paths_taken, chi2_pvalue, sample_pairs, target_joint
@@ -150,6 +158,20 @@ def test_greedy_identity_and_head_cache_equals_recompute(pair, kind):
         got2, _ = run(engine, prompt=second, max_tokens=16)
         want2, _ = run(conversation(target, tok, None), prompt=second, max_tokens=16)
         assert_same_or_near_tie(target, second, list(got2.tokens), list(want2.tokens))
+
+
+@pytest.mark.parametrize("kind", ["random", "agree"])
+def test_padded_passes_keep_greedy_identity_and_the_head_cache(pair, monkeypatch, kind):
+    """Every verify pass padded to 16 tokens: the taps the head reads are the real rows'."""
+    target, tok, drafter = pair(kind)
+    prompt = orbit(PROMPT[0], 20) if kind == "agree" else PROMPT
+    want, _ = run(conversation(target, tok, None), prompt=prompt, max_tokens=40)
+    engine = conversation(target, tok, drafter, draft_length=4)
+    fed = padded(engine, monkeypatch)
+    checked(engine)
+    got, _ = run(engine, prompt=prompt, max_tokens=40)
+    assert_same_or_near_tie(target, prompt, list(got.tokens), list(want.tokens))
+    assert 16 in fed and (kind != "agree" or got.stats.acceptance_rate > 0.9)
 
 
 def test_eagle3_speculation_samples_the_target_distribution(pair):

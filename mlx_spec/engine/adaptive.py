@@ -146,7 +146,6 @@ class AdaptiveDraftLength:
         """E(k) for k = 0..k_max, from the estimates themselves."""
         return expected_by_k(self.alphas())
 
-
     def model_cost(self, k: int) -> float:
         """T(k) from the fitted terms (k >= 1)."""
         return max(self.overhead + k * self.draft_cost + self.slowdown * self.costs[k], 1e-6)
