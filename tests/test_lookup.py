@@ -232,3 +232,21 @@ def test_a_round_the_engine_gave_the_model_is_not_copied(load):
     assert not d.draft(conv.drafter_state, ctx, 4, Sampler(SamplingConfig())).copied
     rows = d.draft_rows([conv.drafter_state], [ctx], [4], [Sampler(SamplingConfig())])
     assert rows is not None and not rows[0].copied
+
+
+def test_a_copys_k_that_meets_no_copy_is_drafted_to_the_models_own_reach(load):
+    """Copies may reach 15 a round, the model 8: a copy's k chosen a token ahead that meets no
+    copy when the round drafts is drafted by the model only as far as its own policy reaches
+    (it had crashed the model policy's bookkeeping with k = 15)."""
+    from mlx_spec.sampling import Sampler
+
+    target, tok = load("qwen3")
+    d = LookupFirst(make_head(target, "shared-kv"))
+    conv = conversation(target, tok, d, draft_length="auto")
+    conv.prefill(looping_prompt())
+    conv.may_copy = False  # (as when no copy is there)
+    ctx = conv.draft_context()
+    assert ctx.model_reach == conv.max_draft == 8
+    alone = d.draft(conv.drafter_state, ctx, 15, Sampler(SamplingConfig()))
+    rows = d.draft_rows([conv.drafter_state], [ctx], [15], [Sampler(SamplingConfig())])
+    assert alone.k == 8 and not alone.copied and rows is not None and rows[0].k == 8

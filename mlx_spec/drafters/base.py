@@ -52,6 +52,8 @@ class DraftContext:
     hidden: mx.array | None = None
     hidden_start: int = 0
     copy: bool = True  # a lookup drafter may copy this round (False: the engine chose its model)
+    model_reach: int | None = None  # the most a model (not a copy) drafts: a copy's k, chosen
+    # a token ahead, may meet no copy when the round drafts (None: no limit but k)
 
 
 class DrafterState(Protocol):

@@ -66,7 +66,7 @@ class LookupFirst:
         copy = self.ngram.lookup(state.index, ctx.tokens, k)[0] if ctx.copy else []
         if copy:
             return point_mass(copy, ctx.target.vocab_size, sampler)
-        return self.inner.draft(state.inner, ctx, k, sampler)
+        return self.inner.draft(state.inner, ctx, _model_k(k, ctx), sampler)
 
     def draft_rows(self, states: list[LookupState], ctxs: list[DraftContext], ks: list[int],
                    samplers: list[Sampler]) -> list[Draft] | None:
@@ -79,7 +79,8 @@ class LookupFirst:
         if rest:
             rows = getattr(self.inner, "draft_rows", None)
             drafted = rows([states[r].inner for r in rest], [ctxs[r] for r in rest],
-                           [ks[r] for r in rest], [samplers[r] for r in rest]) if rows else None
+                           [_model_k(ks[r], ctxs[r]) for r in rest],
+                           [samplers[r] for r in rest]) if rows else None
             if drafted is None:
                 return None
         by_row = dict(zip(rest, drafted, strict=True))
@@ -89,3 +90,8 @@ class LookupFirst:
 
     def nbytes(self) -> int:
         return self.inner.nbytes()
+
+
+def _model_k(k: int, ctx: DraftContext) -> int:
+    """What the model drafts where a copy was wanted and none is there (copies reach further)."""
+    return k if ctx.model_reach is None else min(k, ctx.model_reach)

@@ -138,7 +138,8 @@ class Conversation:
         return self.drafter.nbytes() + self.drafter_state.nbytes()
 
     def _context(self, hidden: mx.array | None = None, start: int = 0) -> DraftContext:
-        return DraftContext(self.target, self.tokens, self.cache, hidden, start, self.may_copy)
+        return DraftContext(self.target, self.tokens, self.cache, hidden, start, self.may_copy,
+                            self.max_draft)
 
     def draft_context(self) -> DraftContext:
         """What the drafter reads to draft now (batch.draft_together drafts several)."""
