@@ -61,6 +61,8 @@ class Totals:
         self.verify_s += verify_s
         _add_into(self.pos_drafted, pos_drafted)
         _add_into(self.pos_accepted, pos_accepted)
+        # a position drafted (a copy past the first ceiling) and never accepted: counted at 0
+        self.pos_accepted.extend([0] * (len(self.pos_drafted) - len(self.pos_accepted)))
 
     @property
     def tok_s(self) -> float:

@@ -250,3 +250,15 @@ def test_a_copys_k_that_meets_no_copy_is_drafted_to_the_models_own_reach(load):
     alone = d.draft(conv.drafter_state, ctx, 15, Sampler(SamplingConfig()))
     rows = d.draft_rows([conv.drafter_state], [ctx], [15], [Sampler(SamplingConfig())])
     assert alone.k == 8 and not alone.copied and rows is not None and rows[0].k == 8
+
+
+def test_positions_drafted_past_the_first_ceiling_and_never_accepted_count_as_zero():
+    """A turn's tallies start as long as the model's reach (8); a copy drafts 12, 3 accepted:
+    both tallies grow to 12 (per_position, and the app's bars, had zipped 12 against 8)."""
+    from mlx_spec.stats import Totals
+
+    t = Totals(pos_drafted=[0] * 8, pos_accepted=[0] * 8)
+    t.add_pass(8, 8, 0.0, 0.0)
+    t.add_pass(12, 3, 0.0, 0.0)
+    assert len(t.pos_drafted) == len(t.pos_accepted) == 12
+    assert [round(a, 2) for _, a, _ in t.per_position()] == [1.0] * 3 + [0.5] * 5 + [0.0] * 4
