@@ -16,9 +16,9 @@ from mlx_spec.sampling import SamplingConfig
 
 def test_a_longer_pass_is_taken_only_where_it_was_measured_cheaper():
     # q = 2 and 3 run as the 4-token pass (1.5 s against 2 and 3); q = 1 is cheapest alone;
-    # a pass 3% cheaper is noise, not a reason to pad (gain 0.95)
+    # a pass 3% (or 10%) cheaper is not a reason to pad (gain 0.85)
     assert pad_targets([1.0, 2.0, 3.0, 1.5]) == (1, 4, 4, 4)
-    assert pad_targets([1.0, 0.97]) == (1, 2)
+    assert pad_targets([1.0, 0.97]) == (1, 2) == pad_targets([1.0, 0.9])
     costs = TargetCosts((1.0, 1.5, 1.5, 1.5), 1.0, pad_to=(1, 4, 4, 4))
     assert [costs.pass_size(q) for q in (1, 2, 3, 4, 5)] == [1, 4, 4, 4, 5]
     assert costs.up_to(1).pass_size(3) == 4  # the padding outlives a shorter draft range
