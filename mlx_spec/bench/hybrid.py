@@ -21,6 +21,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from .. import cache as kv
 from ..drafters import Drafter, DraftModelDrafter, nextn
 from ..drafters.mtp import nextn_drafter
+from ..engine.costs import as_run
 from ..model import TargetModel
 from ..recurrent import rollback_strategy
 from ..train.modeldir import build_model
@@ -30,7 +31,6 @@ from .runners import (
     Row,
     Runner,
     against_target_only,
-    as_run,
     efficiency,
     verify_costs,
 )

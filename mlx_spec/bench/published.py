@@ -43,6 +43,7 @@ from ..drafters.assistant import AssistantConfig, AssistantDrafter, Gemma4Assist
 from ..drafters.dflash import DFlashConfig, DFlashHead
 from ..drafters.eagle3 import Eagle3Config, Eagle3Head
 from ..drafters.mtp import eagle3_drafter
+from ..engine.costs import as_run
 from ..model import TargetModel
 from ..train.modeldir import build_model, save_model_dir
 from . import vlm
@@ -53,7 +54,6 @@ from .runners import (
     Row,
     Runner,
     against_target_only,
-    as_run,
     efficiency,
     verify_costs,
 )

@@ -28,7 +28,7 @@ from ..drafters.lookup import LookupFirst
 from ..drafters.mtp import MTPDrafter, load_mtp_drafter
 from ..engine import Conversation, Engine
 from ..engine.calibration import CalibrationStore
-from ..engine.costs import measure_verify_costs, pad_targets, smooth_monotone
+from ..engine.costs import measure_verify_costs
 from ..events import TokenEvent, TurnEnd
 from ..loading import find_mtp_head, load_target
 from ..model import TargetModel
@@ -393,12 +393,6 @@ def load_demo_tokenizer() -> Any:
 def verify_costs(target: TargetModel, k_max: int, *, repeats: int = 5) -> tuple[float, ...]:
     """Seconds for one target forward over q = 1..k_max+1 tokens: the fastest of `repeats`."""
     return measure_verify_costs(target, k_max, repeats=repeats, smooth=False)
-
-
-def as_run(raw: tuple[float, ...]) -> tuple[float, ...]:
-    """Verify costs as the engine runs the passes: each q at the size it pads to
-    (costs.pad_targets), made non-decreasing, as a calibration keeps them."""
-    return smooth_monotone([raw[p - 1] for p in pad_targets(raw)])
 
 
 def efficiency(r: Row, costs: tuple[float, ...]) -> float | None:

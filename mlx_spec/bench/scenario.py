@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..drafters import DraftModelDrafter, NgramDrafter
-from ..engine.costs import PAD_REACH
+from ..engine.costs import PAD_REACH, as_run
 from ..train.corpus import long_prompt, prompts_from_corpus
 from .demo import bench_demo
 from .distributed import bench_distributed
@@ -43,7 +43,6 @@ from .runners import (
     BenchModels,
     Row,
     Runner,
-    as_run,
     efficiency,
     load_bench_models,
     load_demo,

@@ -52,9 +52,14 @@ def measure_costs(target: TargetModel, max_draft: int, *, stop: Any = None) -> T
     (an Event-like `is_set()`): checked between timed passes; raises Stopped. Verify passes are
     timed up to PAD_REACH tokens at least, so a shorter one can run as a cheaper longer one."""
     raw = measure_verify_costs(target, max(max_draft, PAD_REACH - 1), smooth=False, stop=stop)
-    pad_to = pad_targets(raw)
-    return TargetCosts(smooth_monotone([raw[p - 1] for p in pad_to]),
-                       measure_plain_cost(target, stop=stop), pad_to=pad_to)
+    return TargetCosts(as_run(raw), measure_plain_cost(target, stop=stop),
+                       pad_to=pad_targets(raw))
+
+
+def as_run(raw: Sequence[float]) -> tuple[float, ...]:
+    """Verify costs as the engine runs the passes: each q at the size it pads to
+    (`pad_targets`), made non-decreasing (smooth_monotone)."""
+    return smooth_monotone([raw[p - 1] for p in pad_targets(raw)])
 
 
 def pad_targets(raw: Sequence[float], gain: float = PAD_GAIN) -> tuple[int, ...]:
