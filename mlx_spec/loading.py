@@ -63,9 +63,14 @@ def _check_model_dir(path: Path) -> None:
 
 
 def _local_dir(name: str | Path) -> Path:
-    """A local directory for a path, or for a hub repo id (a model, a sidecar MTP head such as
+    """A local directory for a path, for a GGUF file (converted once into MLX_SPEC_HOME/gguf/,
+    gguf/convert.py), or for a hub repo id (a model, a sidecar MTP head such as
     `mlx-community/Qwen3.6-27B-MTP-4bit`), fetched into the Hugging Face cache if needed, the
     way `mlx-spec pull` fetches (hub/download.py)."""
+    from .gguf import converted, is_gguf
+
+    if is_gguf(name):
+        return converted(name)
     if is_local(name) or str(name).count("/") != 1:
         return Path(name).expanduser()
     from .hub import DownloadError, fetch
@@ -82,8 +87,13 @@ def is_local(name: str | Path) -> bool:
 
 
 def _display_name(path_or_repo: str | Path) -> str:
-    """A directory's name; for a hub cache snapshot (models--org--name/snapshots/SHA), org/name."""
-    p = Path(path_or_repo)
+    """A directory's name; for a hub cache snapshot (models--org--name/snapshots/SHA), org/name;
+    for a GGUF file, its name and the form its weights run in ("… Q4_1 → f32")."""
+    p = Path(path_or_repo).expanduser()
+    if p.is_file():
+        from .gguf import default_format
+
+        return f"{p.name} → {default_format()}"
     if not p.exists():
         return str(path_or_repo)
     repo = p.parent.parent.name
@@ -107,7 +117,7 @@ def find_mtp_head(model_path: str | Path | None, target: TargetModel | None = No
     """A model's MTP head: DIR/mtp/ or a sibling DIR-mtp/ (a head trained by train-drafter, or a
     published sidecar as mlx-vlm splits them), else the checkpoint itself if it kept its own."""
     given = Path(model_path).expanduser() if model_path is not None else None
-    p = given if given is not None and given.exists() else target.path if target else None
+    p = given if given is not None and given.is_dir() else target.path if target else None
     if p is None:
         return None
     for candidate in (p / "mtp", p.parent / f"{p.name}-mtp"):
