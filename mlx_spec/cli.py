@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             from .bench import cmd_bench
 
             return cmd_bench(args)
-        if args.command in ("models", "pull", "rm"):
+        if args.command in ("models", "pull", "rm", "import"):
             from . import cli_models
 
             return getattr(cli_models, f"cmd_{args.command}")(args)

@@ -1,4 +1,5 @@
-"""`mlx-spec models | pull | rm`: presets, downloads and disk, in the terminal."""
+"""`mlx-spec models | pull | rm | import`: presets, downloads, GGUF files and disk, in the
+terminal."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from dataclasses import asdict
 
 from . import hub
+from .errors import MlxSpecError
 from .hub.download import cache_root, gb
 from .hub.presets import GPU_SHARE
 
@@ -28,6 +30,16 @@ def add_commands(sub) -> None:
 
     r = sub.add_parser("rm", help="delete a preset's or repo's files from the cache")
     r.add_argument("name")
+
+    i = sub.add_parser("import", help="convert a GGUF file into an mlx-lm model directory "
+                                      "(every command also takes a .gguf file as a model)")
+    i.add_argument("file", help="a .gguf file")
+    i.add_argument("--out", help="the directory to write (default: the cache every command "
+                                 "reads, MLX_SPEC_HOME/gguf/)")
+    i.add_argument("--weights", choices=["f32", "quantized"], default=None,
+                   help="f32: decoded exactly and kept dense (what pays on a CPU); quantized: "
+                        "Q4_0/Q4_1/Q8_0 repacked without loss, other types requantized (what "
+                        "pays on Metal). Default: what pays on this device")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -89,6 +101,31 @@ def cmd_pull(args: argparse.Namespace) -> int:
     warn_if_too_big(args.name)
     print(f"ready: mlx-spec chat {args.name}")
     return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from . import gguf
+
+    if not gguf.is_gguf(args.file):
+        raise MlxSpecError(f"{args.file} is not a .gguf file")
+    if args.out:
+        out = gguf.convert(args.file, args.out, weights=args.weights or gguf.default_format(),
+                           progress=_tensors_done)
+    else:
+        out = gguf.converted(args.file, weights=args.weights, progress=_tensors_done)
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    source = gguf.source_of(out) or {}
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(source.get("tensor_types", {}).items()))
+    stored = ", ".join(f"{n} {k}" for k, n in sorted(source.get("converted_as", {}).items()))
+    print(f"{out}\n  {source.get('architecture')}: {kinds} → {stored}")
+    return 0
+
+
+def _tensors_done(done: int, total: int) -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\rconverting: {done}/{total} tensors\x1b[K")
+        sys.stderr.flush()
 
 
 def warn_if_too_big(name: str) -> None:

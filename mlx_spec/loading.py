@@ -64,7 +64,7 @@ def _check_model_dir(path: Path) -> None:
 
 def _local_dir(name: str | Path) -> Path:
     """A local directory for a path, for a GGUF file (converted once into MLX_SPEC_HOME/gguf/,
-    gguf/convert.py), or for a hub repo id (a model, a sidecar MTP head such as
+    gguf/directory.py), or for a hub repo id (a model, a sidecar MTP head such as
     `mlx-community/Qwen3.6-27B-MTP-4bit`), fetched into the Hugging Face cache if needed, the
     way `mlx-spec pull` fetches (hub/download.py)."""
     from .gguf import converted, is_gguf

@@ -17,6 +17,7 @@ FLOORS = {
     "mlx_spec": 0,  # core maths and types: sampling, cache, recurrent, events, stats, spec...
     "mlx_spec.drafters": 1,
     "mlx_spec.hub": 1,
+    "mlx_spec.gguf": 1,
     "mlx_spec.engine": 2,
     "mlx_spec.loading": 3,
     "mlx_spec.distributed": 3,

@@ -91,9 +91,12 @@ def config_for(f: GGUFFile, arch: Arch, eos_ids: list[int]) -> dict[str, Any]:
                                   "factor": float(f.arch_key("rope.scaling.factor", 1.0))}
     if arch.model_type == "gemma3_text":
         # llama.cpp fixes these for Gemma 3 rather than storing them: local layers rotate at
-        # base 10k, every 6th layer is global, queries are scaled by 1/sqrt(head_dim)
+        # base 10k, every 6th layer is global (unless the header says otherwise), queries are
+        # scaled by 1/sqrt(head_dim)
         config.update(sliding_window=int(f.arch_key("attention.sliding_window", 512)),
-                      sliding_window_pattern=6, rope_local_base_freq=10000.0,
+                      sliding_window_pattern=int(f.arch_key("attention.sliding_window_pattern",
+                                                            6)),
+                      rope_local_base_freq=10000.0,
                       query_pre_attn_scalar=config["head_dim"])
     return config
 

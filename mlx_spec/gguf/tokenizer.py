@@ -54,7 +54,8 @@ def build_tokenizer(f: GGUFFile) -> tuple[Any, dict[str, Any], list[int]]:
         from tokenizers import processors
 
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokens.index(bos))])
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, tokens.index(bos))])
     stops = stop_ids(f, tokens, types)
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -74,7 +75,7 @@ def stop_ids(f: GGUFFile, tokens: list[str], types: list[int]) -> list[int]:
     end of turn (a ChatML model's <|im_end|> and <|endoftext|>)."""
     ids = {int(f.meta[f"tokenizer.ggml.{k}_token_id"]) for k in ("eos", "eot", "eom")
            if f"tokenizer.ggml.{k}_token_id" in f.meta}
-    ids |= {i for i, (t, ty) in enumerate(zip(tokens, types))
+    ids |= {i for i, (t, ty) in enumerate(zip(tokens, types, strict=True))
             if ty == CONTROL and t in END_OF_TURN}
     return sorted(i for i in ids if 0 <= i < len(tokens))
 
@@ -112,7 +113,7 @@ def _sentencepiece_bpe(f: GGUFFile, tokens: list[str], types: list[int]):
 
     scores: list[float] = f.meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
     vocab = {t: i for i, t in enumerate(tokens)}
-    normal = [t for t, ty in zip(tokens, types) if ty == 1]
+    normal = [t for t, ty in zip(tokens, types, strict=True) if ty == 1]
     merges = []
     for piece in normal:
         for cut in range(1, len(piece)):
@@ -136,7 +137,7 @@ def _add_special(tok, tokens: list[str], types: list[int]) -> None:
 
     def added(kind: int) -> list:
         return [AddedToken(t, special=kind == CONTROL, normalized=False)
-                for t, ty in zip(tokens, types) if ty == kind]
+                for t, ty in zip(tokens, types, strict=True) if ty == kind]
 
     tok.add_special_tokens(added(CONTROL))
     tok.add_tokens(added(USER_DEFINED))

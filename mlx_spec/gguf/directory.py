@@ -119,15 +119,16 @@ def _write(f: GGUFFile, out: Path, weights: str, progress: Progress | None) -> N
 def _tensor(arch, t, config: dict, weights: str) -> tuple[dict[str, Any], str]:
     """One tensor's arrays ({"weight": …} or weight/scales/biases) and how it was stored:
     "f32", "exact q4" / "exact q8" (repacked), or "requantized qN"."""
-    w = undo_conversion(arch, t.name, decode(t), config)
+    raw = decode(t)
     kind = t.tensor_type.name
-    if weights == "f32" or w.ndim != 2 or t.name.endswith("norm.weight"):
-        return {"weight": w}, "f32"
-    if kind in EXACT and not (arch.rotary_permuted and t.name.split(".")[-2] in
-                              ("attn_q", "attn_k")):
-        return repack(t, w), f"exact q{EXACT[kind]}"
-    bits = REQUANT_BITS.get(kind, EXACT.get(kind, 8))
-    return requantize(w, bits), f"requantized q{bits}"
+    if weights == "f32" or raw.ndim != 2 or t.name.endswith("norm.weight"):
+        return {"weight": undo_conversion(arch, t.name, raw, config)}, "f32"
+    if kind in EXACT:  # repacked in the file's row order, then each array's rows restored
+        packed = repack(t, raw)
+        return ({k: undo_conversion(arch, t.name, a, config) for k, a in packed.items()},
+                f"exact q{EXACT[kind]}")
+    bits = REQUANT_BITS.get(kind, 8)
+    return requantize(undo_conversion(arch, t.name, raw, config), bits), f"requantized q{bits}"
 
 
 def form_bits(form: str) -> int:
