@@ -52,7 +52,7 @@ def _positive_float(text: str) -> float:
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", help="target: model directory or hub repo (default: demo)")
+    p.add_argument("--model", "-m", help="target: model dir, .gguf file, hub repo (default: demo)")
     p.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto",
                    help="auto: the model's own MTP head or one found beside it, else "
                         "--draft-model, else none")
@@ -177,14 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="side-by-side speed benchmark")
     b.add_argument("--quick", action="store_true")
     b.add_argument("--group", default="all", choices=["all", "published", "first-turn",
-                                                      "serve", "distributed", "demo"],
+                                                      "serve", "distributed", "demo", "real"],
                    help="all: the full run (docs/BENCH.md, with published and first-turn); "
-                        "published: the Gemma 4 assistant and EAGLE-3 rows (BENCH-drafters.md); "
+                        "published: Gemma 4 assistant and EAGLE-3 rows (BENCH-drafters.md); "
                         "first-turn: auto's first turn before calibration (BENCH-first-turn.md); "
                         "serve: 1-8 streaming clients, ours and mlx_lm.server (BENCH-serve.md); "
                         "distributed: the target split over 2 ranks as the link slows "
-                        "(BENCH-distributed.md); demo: the bundled pair as a first run opens "
-                        "it (BENCH-demo.md); serve and distributed are not part of all")
+                        "(BENCH-distributed.md); demo: the bundled pair as a first run opens it "
+                        "(BENCH-demo.md); real: published GGUF models (BENCH-real.md); serve, "
+                        "distributed and real are not part of all")
     b.add_argument("--out", default="docs")
     return ap
 

@@ -53,10 +53,11 @@ def cmd_models(args: argparse.Namespace) -> int:
                      "kind": p.drafter_kind, "loadable": p.loadable,
                      "download_gb": p.download_gb, "ram_gb": p.ram_gb, "tier_gb": p.tier_gb,
                      "fits": hub.fits(p, memory), "downloaded": ready})
+    local = local_ggufs()
     if args.json:
         print(json.dumps({"memory_bytes": memory, "presets": rows,
                           "installed": [{"repo": i.repo, "bytes": i.bytes, "path": str(i.path)}
-                                        for i in have.values()]}, indent=2))
+                                        for i in have.values()], "gguf": local}, indent=2))
         return 0
     mem = f"{memory / 2**30:.0f} GB" if memory else "unknown memory"
     print(f"Presets (this machine: {mem}; 'fits' means RAM needed <= "
@@ -78,7 +79,32 @@ def cmd_models(args: argparse.Namespace) -> int:
             print(f"  {i.repo:<56}{gb(i.bytes):>10}")
     else:
         print("Nothing downloaded yet: `mlx-spec pull NAME` (the bundled demo needs nothing).")
+    if local:
+        print("\nGGUF files here (Ollama, LM Studio, llama.cpp, Hugging Face cache): open one "
+              "with `mlx-spec chat NAME`")
+        for g in local:
+            draft = f"  (draft: {g['draft']})" if g["draft"] else ""
+            print(f"  {g['architecture'] or '?':<8}{g['label']:<8}{gb(g['bytes']):>9}  "
+                  f"{g['name']}{draft}")
     return 0
+
+
+def local_ggufs() -> list[dict]:
+    """The GGUF files found on this machine, each with the draft model `auto` pairs it with."""
+    from .errors import ModelLoadError
+    from .gguf import draft_for, find_local
+
+    found, out = find_local(), []
+    for g in found:
+        try:
+            d = g.describe()
+        except ModelLoadError:
+            continue
+        draft = draft_for(g, found)
+        out.append({"name": g.name, "source": g.source, "path": str(g.path), "bytes": g.size,
+                    "architecture": d["architecture"], "label": d["label"],
+                    "draft": draft.name if draft else None})
+    return out
 
 
 def cmd_pull(args: argparse.Namespace) -> int:

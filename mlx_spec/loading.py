@@ -67,10 +67,10 @@ def _local_dir(name: str | Path) -> Path:
     gguf/directory.py), or for a hub repo id (a model, a sidecar MTP head such as
     `mlx-community/Qwen3.6-27B-MTP-4bit`), fetched into the Hugging Face cache if needed, the
     way `mlx-spec pull` fetches (hub/download.py)."""
-    from .gguf import converted, is_gguf
+    from .gguf import converted, model_file
 
-    if is_gguf(name):
-        return converted(name)
+    if (file := model_file(name)) is not None:
+        return converted(file)
     if is_local(name) or str(name).count("/") != 1:
         return Path(name).expanduser()
     from .hub import DownloadError, fetch
@@ -82,18 +82,22 @@ def _local_dir(name: str | Path) -> Path:
 
 
 def is_local(name: str | Path) -> bool:
-    """A path on this machine (it exists, or is written as one), not a hub repo id."""
-    return Path(name).exists() or str(name).startswith((".", "/", "~"))
+    """A path on this machine (it exists, or is written as one: a .gguf file, an Ollama
+    model), not a hub repo id."""
+    text = str(name)
+    return Path(name).exists() or text.startswith((".", "/", "~", "ollama:")) or \
+        text.lower().endswith(".gguf")
 
 
 def _display_name(path_or_repo: str | Path) -> str:
     """A directory's name; for a hub cache snapshot (models--org--name/snapshots/SHA), org/name;
     for a GGUF file, its name and the form its weights run in ("… Q4_1 → f32")."""
     p = Path(path_or_repo).expanduser()
-    if p.is_file():
+    if p.is_file() or str(path_or_repo).startswith("ollama:"):
         from .gguf import default_format
 
-        return f"{p.name} → {default_format()}"
+        shown = path_or_repo if str(path_or_repo).startswith("ollama:") else p.name
+        return f"{shown} → {default_format()}"
     if not p.exists():
         return str(path_or_repo)
     repo = p.parent.parent.name
@@ -110,6 +114,24 @@ def find_eagle3_head(model_path: str | Path) -> Path | None:
     except (OSError, ValueError):
         return None
     return d if config.get("speculators_model_type") == "eagle3" else None
+
+
+def paired_draft(model: str | Path) -> str | None:
+    """For a GGUF target: the largest GGUF beside it or in the usual local stores (Ollama, LM
+    Studio, llama.cpp, the Hugging Face cache) with its vocabulary, at most a third its size."""
+    from .gguf import LocalGGUF, draft_for, find_local, model_file
+
+    try:
+        file = model_file(model)
+    except ModelLoadError:
+        return None
+    if file is None or not file.is_file():
+        return None
+    target = LocalGGUF(str(model), file, "given", file.stat().st_size)
+    siblings = [LocalGGUF(str(p), p, "beside it", p.stat().st_size)
+                for p in file.parent.glob("*.gguf") if p.is_file()]
+    found = draft_for(target, siblings + find_local())
+    return found.name if found else None
 
 
 def find_mtp_head(model_path: str | Path | None, target: TargetModel | None = None
@@ -153,7 +175,9 @@ def load_engine(spec: LoadSpec | None = None):
     chosen = spec.drafter
     if chosen == "auto":
         if draft_model is None and not (spec.mtp or find_mtp_head(model, target)):
-            draft_model = find_eagle3_head(model)  # one train-drafter wrote beside the model
+            # one train-drafter wrote beside the model, else (a GGUF) a smaller local GGUF
+            # with the same vocabulary
+            draft_model = find_eagle3_head(model) or paired_draft(model)
         chosen = ("draft" if draft_model else
                   "mtp" if (spec.mtp or find_mtp_head(model, target)) else "none")
     d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=spec.mtp,

@@ -165,3 +165,68 @@ def test_an_interrupted_conversion_leaves_nothing(model_dirs, tmp_path, monkeypa
         gguf.convert(file, tmp_path / "out", progress=interrupt)
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
+
+
+def test_the_header_reader_agrees_with_the_gguf_package(model_dirs, tmp_path):
+    from mlx_spec.gguf.header import read_header
+
+    file = write_gguf(model_dirs("qwen3"), tmp_path / "m.gguf", qtype="Q8_0")
+    h = read_header(file)
+    full = gguf.open_gguf(file)
+    for key in ("general.architecture", "qwen3.block_count", "qwen3.embedding_length"):
+        assert h[key] == full.meta[key]
+    body = sum(int(np.prod(t.shape)) for t in full.tensors
+               if not t.name.startswith(("token_embd.", "output.")))
+    assert h["parameters"] == body
+    other = write_gguf(model_dirs("llama"), tmp_path / "l.gguf")  # the same tokenizer
+    assert read_header(other)["vocab_sha256"] == h["vocab_sha256"]
+
+
+def test_ollama_and_lm_studio_models_are_found_named_and_paired(
+        model_dirs, bad_dirs, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """A big and a small model with one vocabulary in Ollama's store (manifest → blob), one in
+    LM Studio's folder: `models` lists them, `ollama:NAME:TAG` opens one, auto pairs the
+    small one with the big one as its draft model."""
+    from mlx_spec.gguf.local import find_local, model_file
+    from mlx_spec.loading import paired_draft
+    from mlx_spec.train.modeldir import build_model, save_model_dir
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.delenv("OLLAMA_MODELS", raising=False)
+    monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path / "spec"))
+    small = model_dirs("llama")
+    big_dir = tmp_path / "big"
+    cfg = json.loads((small / "config.json").read_text())
+    cfg.update(num_hidden_layers=8)
+    save_model_dir(big_dir, build_model(cfg), cfg, tokenizer_dir=small)
+    store = home / ".ollama" / "models"
+    (store / "blobs").mkdir(parents=True)
+    for tag, source in (("big", big_dir), ("small", small)):
+        blob = write_gguf(source, tmp_path / f"{tag}.gguf")
+        digest = "sha256:" + tag * 8
+        blob.rename(store / "blobs" / digest.replace(":", "-"))
+        manifest = store / "manifests" / "registry.ollama.ai" / "library" / "tiny" / tag
+        manifest.parent.mkdir(parents=True, exist_ok=True)
+        manifest.write_text(json.dumps({"layers": [
+            {"mediaType": "application/vnd.ollama.image.model", "digest": digest}]}))
+    lms = home / ".lmstudio" / "models" / "pub" / "repo"
+    lms.mkdir(parents=True)
+    write_gguf(bad_dirs["other-vocab"], lms / "other.gguf")  # small, another vocabulary
+    names = {m.name: m.source for m in find_local()}
+    assert names == {"ollama:tiny:big": "ollama", "ollama:tiny:small": "ollama",
+                     str(lms / "other.gguf"): "lm-studio"}
+    assert model_file("ollama:tiny:big") == store / "blobs" / ("sha256-" + "big" * 8)
+    assert paired_draft("ollama:tiny:big") == "ollama:tiny:small"
+    assert paired_draft("ollama:tiny:small") is None  # not 3x smaller than anything
+    assert main(["models"]) == 0
+    assert "ollama:tiny:big  (draft: ollama:tiny:small)" in capsys.readouterr().out
+    assert main(["generate", "--model", "ollama:tiny:big", "--prompt", "def f", "--raw",
+                 "--max-tokens", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["target"] == "ollama:tiny:big → " + gguf.default_format()
+    assert out["stats"]["drafter"].startswith("draft")
+    assert main(["generate", "--model", "ollama:nope", "--prompt", "x"]) == 2
+    assert "no Ollama model 'nope' here (found: ollama:tiny:big, ollama:tiny:small)" in \
+        capsys.readouterr().err

