@@ -16,6 +16,7 @@ class Totals:
 
     turns: int = 0
     tokens: int = 0
+    ends: int = 0  # turns ended by an end-of-turn token (its pass produced it, unshown)
     passes: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -39,6 +40,7 @@ class Totals:
         """A whole turn."""
         self.turns += 1
         self.tokens += s.generated_tokens
+        self.ends += s.produced_tokens - s.generated_tokens
         self.seconds += s.generation_s if s.generated_tokens else 0.0
         self.commit_s += s.commit_s
         self._add_passes(s.target_passes, s.drafted, s.accepted, s.draft_s, s.verify_s,
@@ -74,7 +76,7 @@ class Totals:
 
     @property
     def tokens_per_pass(self) -> float:
-        return tokens_per_pass(self.tokens, self.passes)
+        return tokens_per_pass(self.tokens + self.ends, self.passes)
 
     def per_position(self) -> list[tuple[int, float, int]]:
         """(position, acceptance, times drafted) for each draft position used so far."""

@@ -78,6 +78,14 @@ def test_a_chat_answer_follows_the_template_and_stops_at_im_end(smollm2, target_
     assert prompt.endswith("<|im_end|>\n<|im_start|>assistant\n")
     assert out["target"] == "SmolLM2-135M-Instruct.Q4_1.gguf → f32"
     assert len(out["tokens"]) < 40
+    # a short answer decoded target-only reads 1 token per pass: the pass that produced the
+    # end-of-turn token is counted, and so is that token
+    assert main(["generate", "--model", smollm2, "--prompt", "What is the capital of France?",
+                 "--max-tokens", "40", "--json", "--drafter", "none"]) == 0
+    plain = json.loads(capsys.readouterr().out)["stats"]
+    assert plain["finish_reason"] == "stop"
+    assert plain["target_passes"] == plain["generated_tokens"] + 1
+    assert plain["tokens_per_pass"] == 1.0
 
 
 @pytest.mark.parametrize("drafter,k,lookup", [("ngram", 4, False), ("draft", 3, False),

@@ -24,7 +24,7 @@ from ..drafters.lookup import LookupFirst
 from ..loading import load_target
 from .parity import mirrored, pair_ratios
 from .report import POOLED, machine_line, write_json
-from .runners import BenchConfig, Row, Runner, machine, row_dicts
+from .runners import BenchConfig, Row, Runner, fresh_store, machine, row_dicts
 
 Log = Callable[[str], None]
 PROMPTS = ["Write a Python function that merges two sorted lists into one sorted list.",
@@ -70,7 +70,8 @@ def qwen_pair(cfg: BenchConfig, log: Log) -> tuple[list[Row], dict[str, Any]]:
     rw = real_weights()
     target, tokenizer = load_target(str(rw.fetch("qwen-coder-1.5b")))
     draft, _ = load_target(str(rw.fetch("qwen-coder-0.5b")))
-    run = Runner(tokenizer, chat_prompts(tokenizer, cfg.prompts), cfg.max_tokens)
+    # one calibration of the 1.5B for every row (each row's own would take minutes here)
+    run = Runner(tokenizer, chat_prompts(tokenizer, cfg.prompts), cfg.max_tokens, fresh_store())
     label, rows, ratios = target.name, [], {}
     for temp, top_p in cfg.temperatures:
         t = f"T={temp:g}"
@@ -111,7 +112,7 @@ def qwen_pair(cfg: BenchConfig, log: Log) -> tuple[list[Row], dict[str, Any]]:
 
 def smollm2(cfg: BenchConfig, log: Log) -> tuple[list[Row], dict[str, Any]]:
     target, tokenizer = load_target(str(real_weights().fetch("smollm2")))
-    run = Runner(tokenizer, chat_prompts(tokenizer, cfg.prompts), cfg.max_tokens)
+    run = Runner(tokenizer, chat_prompts(tokenizer, cfg.prompts), cfg.max_tokens, fresh_store())
     label, rows, ratios = target.name, [], {}
     for temp, top_p in cfg.temperatures:
         t = f"T={temp:g}"

@@ -166,16 +166,19 @@ def fresh_store() -> CalibrationStore:
 
 
 def new_engine(target: TargetModel, tokenizer: Any, drafter: Drafter | None,
-               num_draft: DraftLength) -> Engine:
+               num_draft: DraftLength, store: CalibrationStore | None = None) -> Engine:
     """A fresh engine over `target`, `drafter` proposing `num_draft` tokens a round, on an
-    empty calibration store: nothing calibrated, no policy, nothing carried from another."""
-    return Engine(target, tokenizer, drafter, draft_length=num_draft, store=fresh_store())
+    empty calibration store: nothing calibrated, no policy, nothing carried from another
+    (store: one the run shares between its rows instead, so a big target is calibrated once)."""
+    return Engine(target, tokenizer, drafter, draft_length=num_draft,
+                  store=store or fresh_store())
 
 
 def make_engine(target: TargetModel, tokenizer: Any, drafter: Drafter | None,
-                num_draft: DraftLength) -> Conversation:
+                num_draft: DraftLength, store: CalibrationStore | None = None
+                ) -> Conversation:
     """A conversation on a fresh engine (`new_engine`): each row measures its own engine."""
-    return new_engine(target, tokenizer, drafter, num_draft).conversation()
+    return new_engine(target, tokenizer, drafter, num_draft, store).conversation()
 
 
 def warm_up(engine: Conversation, prompt: list[int]) -> None:
@@ -183,7 +186,7 @@ def warm_up(engine: Conversation, prompt: list[int]) -> None:
     in the app once its idle calibration ran: `auto` reads them, and every verify pass runs at
     the size they found cheapest), then four tokens after the prompt's first eight, so a row
     times no first-call compilation."""
-    if engine.drafter is not None:
+    if engine.drafter is not None and not engine.engine.calibrated:
         engine.engine.calibrate()
     list(engine.generate(prompt[:8], max_tokens=4))
 
@@ -297,6 +300,7 @@ class Runner:
     tokenizer: Any
     prompts: list[list[int]]
     max_tokens: int
+    store: CalibrationStore | None = None  # shared by the run's rows (default: one a row)
 
     def ours(self, target: TargetModel, drafter: Drafter | None, num_draft: int | str,
              name: str, drafter_name: str, target_name: str, temperature: float,
@@ -304,7 +308,7 @@ class Runner:
              seed: int = 0) -> Row:
         """A row of a fresh, warmed-up engine, on `prompts` (default: the run's), prompt i
         sampled with seed `seed` + i."""
-        engine = make_engine(target, self.tokenizer, drafter, num_draft)
+        engine = make_engine(target, self.tokenizer, drafter, num_draft, self.store)
         warm_up(engine, self.prompts[0])
         row = Row(name, drafter_name, "mlx-spec", target_name, temperature, top_p, num_draft)
         return run_ours(engine, prompts or self.prompts, self.max_tokens,
