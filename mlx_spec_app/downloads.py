@@ -13,7 +13,7 @@ from mlx_spec import MlxSpecError, hub
 from .busy import Activity, Busy
 from .engine_host import EngineHost
 from .history import History
-from .models import DEMO, Choice, DownloadScreen, WelcomeScreen
+from .models import DEMO, GGUF, Choice, DownloadScreen, WelcomeScreen
 
 
 class ModelPicker:
@@ -34,6 +34,9 @@ class ModelPicker:
                 self._host.load_demo()
         elif choice.name == DEMO:
             self._host.load_demo()
+        elif choice.name.startswith(GGUF):  # a local GGUF: its drafter found as auto finds it
+            self._host.load(self._host.requested.completed_by(
+                model=choice.name.removeprefix(GGUF)))
         elif choice.downloaded:
             try:
                 self.launch(hub.launch_for(choice.name))

@@ -23,6 +23,7 @@ from textual.widgets.option_list import Option
 from mlx_spec import hub, user_message
 
 DEMO = "demo"
+GGUF = "gguf:"  # an option naming a local GGUF model (the rest of its id is its model name)
 DEMO_LINE = ("the bundled offline demo: a 2.4M-parameter code model that completes Python "
              "(it does not chat)")
 DEMO_PROMPTS = ("def fibonacci(n):", "class Stack:", "for line in open(path):")
@@ -32,7 +33,8 @@ INTRO = ("mlx-spec decodes with a drafter that proposes tokens and the model tha
 
 @dataclass(frozen=True)
 class Choice:
-    """What the welcome screen returns: the demo, or a preset (downloaded or not)."""
+    """What the welcome screen returns: the demo, a local GGUF (GGUF + its model name), or a
+    preset (downloaded or not)."""
 
     name: str
     downloaded: bool
@@ -52,7 +54,8 @@ def preset_line(p: hub.Preset, memory: int | None) -> Content:
 
 
 class WelcomeScreen(ModalScreen[Choice | None]):
-    """The demo first, then the presets that fit this machine, then the rest (marked)."""
+    """The GGUF models already here first, the demo, then the presets that fit this machine,
+    then the rest (marked)."""
 
     BINDINGS = [Binding("escape", "dismiss(None)", "close")]
     DEFAULT_CSS = """
@@ -75,7 +78,8 @@ class WelcomeScreen(ModalScreen[Choice | None]):
             title = "Welcome to mlx-spec" if self.first_run else "Models"
             yield Static(Content.assemble((title, "bold"), "\n", INTRO))
             demo = Content.assemble((f"{DEMO:<16}", "bold"), ("   ready ", "$success"), DEMO_LINE)
-            options = [Option(demo, id=DEMO)]
+            options = [Option(line, id=GGUF + name) for name, line in local_lines()]
+            options += [Option(demo, id=DEMO)]
             options += [Option(preset_line(p, memory), id=p.name) for p in presets]
             yield OptionList(*options)
             yield Static(Content("enter: open (downloads what is missing) · esc: close · "
@@ -83,7 +87,27 @@ class WelcomeScreen(ModalScreen[Choice | None]):
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         name = event.option.id or DEMO
-        self.dismiss(Choice(name, name == DEMO or hub.missing(name) is None))
+        local = name.startswith(GGUF)
+        self.dismiss(Choice(name, local or name == DEMO or hub.missing(name) is None))
+
+
+def local_lines() -> list[tuple[str, Content]]:
+    """The GGUF files already on this machine (Ollama, LM Studio, llama.cpp, the Hugging Face
+    cache): real models that open offline, listed first."""
+    from mlx_spec.errors import MlxSpecError
+    from mlx_spec.gguf import find_local
+
+    lines = []
+    for g in find_local():
+        try:
+            d = g.describe()
+        except MlxSpecError:
+            continue
+        label = f"{d['architecture']} {d['label']}".strip()
+        shown = g.name if len(g.name) <= 48 else "…" + g.name[-47:]
+        lines.append((g.name, Content.assemble((f"{shown:<16}", "bold"), ("   ready ", "$success"),
+                                               f"{label}, GGUF from {g.source}")))
+    return lines
 
 
 class PullProgress(Message):
