@@ -177,7 +177,7 @@ def load_engine(spec: LoadSpec | None = None):
         if draft_model is None and not (spec.mtp or find_mtp_head(model, target)):
             # one train-drafter wrote beside the model, else (a GGUF) a smaller local GGUF
             # with the same vocabulary
-            draft_model = find_eagle3_head(model) or paired_draft(model)
+            draft_model = find_eagle3_head(target.path) or paired_draft(model)
         chosen = ("draft" if draft_model else
                   "mtp" if (spec.mtp or find_mtp_head(model, target)) else "none")
     d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=spec.mtp,

@@ -128,3 +128,46 @@ async def test_the_app_answers_a_chat_prompt_on_it(smollm2, monkeypatch, tmp_pat
         answer = pilot.app.query(Answer).last()
         assert "Paris" in answer.text
         assert "<|im_end|>" not in answer.text
+
+
+async def test_a_gguf_in_lm_studio_is_first_in_the_apps_list_and_opens(smollm2, monkeypatch,
+                                                                       tmp_path):
+    """First run, nothing named: the welcome lists the GGUF found in LM Studio's folder above
+    the demo; choosing it loads it (through the converted directory already cached)."""
+    import os
+    from pathlib import Path
+
+    from textual.widgets import OptionList
+
+    from mlx_spec_app.app import SpecChatApp
+    from mlx_spec_app.models import WelcomeScreen
+    from mlx_spec_app.widgets import Answer, PromptInput
+
+    shared = Path(os.environ["MLX_SPEC_HOME"]) / "gguf"  # the session's conversions
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path / "spec"))
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "spec" / "gguf").symlink_to(shared)
+    folder = tmp_path / ".lmstudio" / "models" / "HuggingFaceTB" / "SmolLM2"
+    folder.mkdir(parents=True)
+    (folder / Path(smollm2).name).symlink_to(smollm2)
+    app = SpecChatApp(LoadSpec(drafter="ngram", num_draft=3))
+    async with app.run_test(size=(100, 30)) as pilot:
+        while not isinstance(app.screen, WelcomeScreen):
+            await pilot.pause(0.05)
+        first = app.screen.query_one(OptionList).get_option_at_index(0)
+        assert "SmolLM2-135M-Instruct" in str(first.prompt) and "lm-studio" in str(first.prompt)
+        await pilot.press("enter")
+        for _ in range(3000):
+            await pilot.pause(0.05)
+            if app.engine is not None and not app.busy:
+                break
+        assert "SmolLM2-135M-Instruct.Q4_1.gguf" in app.engine.info.target
+        app.query_one(PromptInput).text = "What is the capital of France?"
+        await pilot.press("enter")
+        for _ in range(3000):
+            await pilot.pause(0.05)
+            if not app.busy:
+                break
+        assert "Paris" in app.query(Answer).last().text

@@ -410,7 +410,8 @@ def cmd_train_drafter(args) -> int:
     tokens, prompts, held_out = held_out_split(tokenizer, args.data, dc)
     kind = args.kind or default_kind(target, log)
     eagle = kind == "eagle3"
-    out = Path(args.out) if args.out else Path(args.target) / ("eagle3" if eagle else "mtp")
+    # beside the model's own directory (a GGUF's: its converted one, where auto looks)
+    out = Path(args.out) if args.out else target.path / ("eagle3" if eagle else "mtp")
     cfg = None if eagle else default_mtp_config(target, kind)
     draft_vocab = getattr(args, "draft_vocab", None)
     if draft_vocab is not None and not eagle:
@@ -440,7 +441,7 @@ def cmd_train_drafter(args) -> int:
     print(f"mlx-spec: trained {last.get('step', '?')} steps in "
           f"{(time.perf_counter() - t0) / 60:.1f} min: {last.get('tokens_per_pass', 0):.2f} "
           f"tokens per target pass at k=4 on held-out text (greedy); head in {out}"
-          + (" (found by `--drafter auto` beside the model)" if out.parent == Path(args.target)
+          + (" (found by `--drafter auto` beside the model)" if out.parent == target.path
              else f" (use it with --draft-model {out})" if eagle else ""),
           file=sys.stderr)
     return 0
