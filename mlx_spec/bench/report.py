@@ -150,6 +150,14 @@ def write_json(result: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(result, indent=2))
 
 
+def reproduce_line(group: str, result: dict[str, Any]) -> str:
+    """`Reproduce: …`: the command, how long this run took, the machine and the commit."""
+    m = result["machine"]
+    return (f"Reproduce: `uv run mlx-spec bench --group {group}` (this run: "
+            f"{result['minutes']:.0f} min). {machine_line(m)}"
+            + (f"; code at {m['commit']}" if m.get("commit") else "") + ".")
+
+
 def machine_line(m: dict[str, Any]) -> str:
     """`Machine: …`: platform, cores, MLX and its device, whether OpenBLAS was preloaded."""
     return (f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on "
