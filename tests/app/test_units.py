@@ -73,7 +73,8 @@ def test_settings_restore_keeps_saved_part_only():
 
 def test_stats_line_and_stopped_marker():
     line = stats_line(STATS, Baseline(100.0, 32, "m"))
-    for part in ("19 tokens", "tok/s", "TTFT 15 ms", "acceptance 46%", "2.38 tok/pass",
+    # 19 tokens and the end-of-turn token that ended the turn, over 8 target passes
+    for part in ("19 tokens", "tok/s", "TTFT 15 ms", "acceptance 46%", "2.50 tok/pass",
                  "speedup ×1.90", "draft 20 ms / verify 80 ms", "mtp k=3"):
         assert part in line
     stopped = TurnStats(generated_tokens=2, finish_reason="cancelled")
