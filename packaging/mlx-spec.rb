@@ -5,7 +5,7 @@ class MlxSpec < Formula
   desc "Local chat with lossless speculative decoding on MLX, with a live terminal UI"
   homepage "https://github.com/mlx-spec/mlx-spec"
   url "https://files.pythonhosted.org/packages/source/m/mlx-spec/mlx_spec-0.1.0.tar.gz"
-  sha256 "76180e024077fa686129ded9e8fa854b2c34cb78e516df440469ace859908fb5"
+  sha256 "a8cc7db7ef94f7b046017b73e2c8f80927228a41ba3c8583a4d644c02828f802"
   license "MIT"
 
   depends_on "rust" => :build
@@ -28,6 +28,16 @@ class MlxSpec < Formula
     sha256 "59bb03251907983d1603d27c3087ddb1e93299ea2163adcdba37899a4fb12ffb"
   end
 
+  resource "certifi" do
+    url "https://files.pythonhosted.org/packages/7a/3e/9ddb6d78c2ffd17604c05745f553614bfbecd2cc6741bbaa5181bc8b2496/certifi-2026.10.19.post1-py3-none-any.whl"
+    sha256 "1324c476b4811eff41a8bc2122cd0bbd4d9c7234c725446d99ab1612b3a7fdd2"
+  end
+
+  resource "charset-normalizer" do
+    url "https://files.pythonhosted.org/packages/c2/c3/cae6d3bdefd96a941ffc247c714ac4babc488a69012e11c058f6c17c6c47/charset_normalizer-3.5.3.tar.gz"
+    sha256 "a250888753faa289e2997962fbb17c4960cbdb58575533ca6fceee68c224bdff"
+  end
+
   resource "click" do
     url "https://files.pythonhosted.org/packages/45/37/edbf1b0707709013c0cf2e8317e03d97ed29bf4cac709fe328904ae92a38/click-8.5.1.tar.gz"
     sha256 "9bbfada76703fd1d784b83eea012e3e8c6a001a876543ef104fa56aaaeb072b4"
@@ -41,6 +51,11 @@ class MlxSpec < Formula
   resource "fsspec" do
     url "https://files.pythonhosted.org/packages/77/cd/9be253869fc42e764de7f3dedd6969af7d44ff9c3375214a3442a6f3fc08/fsspec-2026.9.0.tar.gz"
     sha256 "0f08147951c8cb31d844c3547d631053b127863b60be04cf06e121333ee0e2fe"
+  end
+
+  resource "gguf" do
+    url "https://files.pythonhosted.org/packages/48/ae/17f1308ae45cd7b08ebb521747d5b23f4efc4d172038a4e228dd5106c3ff/gguf-0.19.0.tar.gz"
+    sha256 "dbadcd6cc7ccd44256f2229fe7c2dff5e8aa5cf0612ab987fd2b1a57e428923f"
   end
 
   resource "h11" do
@@ -163,6 +178,11 @@ class MlxSpec < Formula
     sha256 "2826a006b68acfd3ed5074433caafe21d7f9d026eb82cb856724a4a893a70915"
   end
 
+  resource "requests" do
+    url "https://files.pythonhosted.org/packages/ac/c3/e2a2b89f2d3e2179abd6d00ebd70bff6273f37fb3e0cc209f48b39d00cbf/requests-2.34.2.tar.gz"
+    sha256 "f288924cae4e29463698d6d60bc6a4da69c89185ad1e0bcc4104f584e960b9ed"
+  end
+
   resource "rich" do
     url "https://files.pythonhosted.org/packages/c0/8f/0722ca900cc807c13a6a0c696dacf35430f72e0ec571c4275d2371fca3e9/rich-15.0.0.tar.gz"
     sha256 "edd07a4824c6b40189fb7ac9bc4c52536e9780fbbfbddf6f1e2502c31b068c36"
@@ -221,6 +241,11 @@ class MlxSpec < Formula
   resource "typing-inspection" do
     url "https://files.pythonhosted.org/packages/ff/50/0195198eb1d75bab716bb0a813abea4cc394bfa17a92a189f021a34859af/typing_inspection-0.4.5.tar.gz"
     sha256 "7f16c411e7930dc79596d42ab44672a3fe5f60eb34b781a1647e7872363120c7"
+  end
+
+  resource "urllib3" do
+    url "https://files.pythonhosted.org/packages/e3/05/b17359e1cefb4f909b5e40b1b90a496d987258916dbbf88e842c729f510e/urllib3-2.8.0.tar.gz"
+    sha256 "63bf2ead4c879426ebf22ef2a781eeb4aa3b4ae798a0435506f8687fd5bb9b63"
   end
 
   def install
