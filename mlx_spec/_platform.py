@@ -13,7 +13,7 @@ import sys
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
 
 
-def maybe_preload_openblas(argv: list[str]) -> None:
+def maybe_preload_openblas(argv: list[str], *, module: str = "mlx_spec.cli") -> None:
     if not sys.platform.startswith("linux") or os.environ.get("MLX_SPEC_NO_PRELOAD"):
         return
     if not os.path.exists(OPENBLAS) or OPENBLAS in os.environ.get("LD_PRELOAD", ""):
@@ -21,4 +21,4 @@ def maybe_preload_openblas(argv: list[str]) -> None:
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(p for p in (OPENBLAS, env.get("LD_PRELOAD")) if p)
     env["MLX_SPEC_NO_PRELOAD"] = "1"  # never loop
-    os.execve(sys.executable, [sys.executable, "-m", "mlx_spec.cli", *argv], env)
+    os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)

@@ -14,103 +14,35 @@ import signal
 import sys
 import threading
 from dataclasses import replace
-from typing import Any
 
-from .cli_models import ProgressBar
+from .cli_bench import add_bench_options
 from .cli_models import add_commands as add_hub_commands
+from .cli_options import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    Parser,
+    add_launch_options,
+    add_model_options,
+    add_sampling_options,
+    add_split_options,
+    fetched,
+    positive_float,
+    positive_int,
+    sampling_from_args,
+    spec_from_args,
+    with_launch,
+)
 from .cli_print import print_fragment, summary_line
 from .errors import MlxSpecError, user_message
-from .kinds import DRAFTERS
-from .spec import AUTO_MAX_DRAFT, MAX_DRAFT, LoadSpec, parse_draft_length
-
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130  # ctrl+c, as shells report SIGINT
-EXIT_FAILURE = 1  # anything else that went wrong (not the input)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
-        print(f"mlx-spec: error: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", help="target: model dir, .gguf file, hub repo (default: demo)")
-    p.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto",
-                   help="auto: the model's own MTP head or one found beside it, else "
-                        "--draft-model, else none")
-    p.add_argument("--draft-model", help="draft model (same tokenizer as the target)")
-    p.add_argument("--mtp", help="MTP head: a directory or hub repo (default: the model's own, "
-                                  "or one found beside it)")
-    p.add_argument("--num-draft", "-k", default=None,
-                   help=f"tokens drafted per round: an integer 1..{MAX_DRAFT}, or 'auto' "
-                        "(chosen each round from measured costs and acceptance). Default: the "
-                        "drafter's own length where its files give one (a Gemma 4 "
-                        "assistant's), else auto")
-    add_lookup_option(p)
-
-
-def add_lookup_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
-                   help="copy drafts from the conversation's own text first where its last "
-                        "tokens appeared before (code, edits, loops), else the drafter drafts "
-                        "(default: on; lossless either way)")
-
-
-def add_launch_options(p: argparse.ArgumentParser, model_help: str) -> None:
-    """chat's and serve's options: the model (a preset, repo id or directory), its drafter,
-    --lookup and the split over machines."""
-    p.add_argument("model", nargs="?", help=model_help)
-    p.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto")
-    p.add_argument("--draft-model")
-    p.add_argument("--mtp")
-    p.add_argument("--num-draft", "-k", default=None)
-    add_lookup_option(p)
-    add_split_options(p)
-
-
-def add_split_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hostfile", default=None,
-                   help="split the target over the machines of this mlx hostfile "
-                        "(mlx.distributed_config writes one; the first host is this one)")
-    how = p.add_mutually_exclusive_group()
-    how.add_argument("--pipeline", dest="split", action="store_const", const="pipeline",
-                     help="split by layers (default where mlx-lm can)")
-    how.add_argument("--tensor", dest="split", action="store_const", const="tensor",
-                     help="split every layer's heads and MLP")
-
-
-def add_sampling_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temp", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+from .spec import AUTO_MAX_DRAFT
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="mlx-spec", description="Lossless speculative decoding on MLX.")
+    ap = Parser(prog="mlx-spec", description="Lossless speculative decoding on MLX.")
     ap.add_argument("--version", action="store_true",
                     help="the version of mlx-spec, MLX and mlx-lm, and the device")
-    sub = ap.add_subparsers(dest="command", parser_class=_Parser)
+    sub = ap.add_subparsers(dest="command", parser_class=Parser)
 
     g = sub.add_parser("generate", help="generate one answer and print it")
     add_model_options(g)
@@ -118,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_options(g)
     g.add_argument("--prompt", "-p", required=True)
     g.add_argument("--raw", action="store_true", help="no chat template")
-    g.add_argument("--max-tokens", type=_positive_int, default=256)
+    g.add_argument("--max-tokens", type=positive_int, default=256)
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--kv-bits", type=int, choices=[4, 8], default=None,
                    help="quantize the target's KV cache (attention layers) to 4 or 8 bits")
@@ -131,21 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--target", required=True)
     t.add_argument("--data", help="a text file or a directory of text files (default: the "
                                    "target's own continuations of built-in prompts)")
-    t.add_argument("--steps", type=_positive_int, default=None, help="default 2000")
-    t.add_argument("--minutes", type=_positive_float, default=None, help="train this long "
+    t.add_argument("--steps", type=positive_int, default=None, help="default 2000")
+    t.add_argument("--minutes", type=positive_float, default=None, help="train this long "
                    "instead (data generation included); a resumed run trains this much more")
     t.add_argument("--out", default=None)
     t.add_argument("--kind", choices=["shared-kv", "deepseek", "eagle3"], default=None,
                    help="default: eagle3 where the target's layers can be tapped (the most "
                         "tokens per pass per minute of training, docs/TRAIN.md), else shared-kv")
-    t.add_argument("--depth", type=_positive_int, help="chained draft steps trained (default 8)")
-    t.add_argument("--draft-vocab", type=_positive_int, default=None, metavar="N",
+    t.add_argument("--depth", type=positive_int, help="chained draft steps trained (default 8)")
+    t.add_argument("--draft-vocab", type=positive_int, default=None, metavar="N",
                    help="eagle3: a draft vocabulary of the N tokens most frequent in the "
                         "training data (d2t / t2d, as speculators writes them; default: all)")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--batch-size", type=_positive_int, default=8)
-    t.add_argument("--seq-len", type=_positive_int, default=192)
-    t.add_argument("--lr", type=_positive_float, default=2e-3,
+    t.add_argument("--batch-size", type=positive_int, default=8)
+    t.add_argument("--seq-len", type=positive_int, default=192)
+    t.add_argument("--lr", type=positive_float, default=2e-3,
                    help="peak learning rate (default 2e-3, see docs/TRAIN.md)")
 
     sv = sub.add_parser("serve", help="serve the model over OpenAI-compatible HTTP (several "
@@ -157,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", default=None,
                     help="require `Authorization: Bearer KEY` (or x-api-key) on every endpoint "
                          "but /health")
-    sv.add_argument("--max-concurrency", type=_positive_int, default=4,
+    sv.add_argument("--max-concurrency", type=positive_int, default=4,
                     help="requests generating at once (more wait in a queue)")
 
     cal = sub.add_parser("calibrate", help="measure a model's costs and target-only speed on "
@@ -174,19 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                                       "the same versions and model files, the backend joined")
     d.add_argument("--model", help="with --hostfile: the model directory every host needs")
 
-    b = sub.add_parser("bench", help="side-by-side speed benchmark")
-    b.add_argument("--quick", action="store_true")
-    b.add_argument("--group", default="all", choices=["all", "published", "first-turn",
-                                                      "serve", "distributed", "demo", "real"],
-                   help="all: the full run (docs/BENCH.md, with published and first-turn); "
-                        "published: Gemma 4 assistant and EAGLE-3 rows (BENCH-drafters.md); "
-                        "first-turn: auto's first turn before calibration (BENCH-first-turn.md); "
-                        "serve: 1-8 streaming clients, ours and mlx_lm.server (BENCH-serve.md); "
-                        "distributed: the target split over 2 ranks as the link slows "
-                        "(BENCH-distributed.md); demo: the bundled pair as a first run opens it "
-                        "(BENCH-demo.md); real: published GGUF models (BENCH-real.md); serve, "
-                        "distributed and real are not part of all")
-    b.add_argument("--out", default="docs")
+    b = sub.add_parser("bench", help="time a model with and without speculation (A-B-B-A)")
+    add_model_options(b)
+    add_sampling_options(b)
+    add_bench_options(b)
     return ap
 
 
@@ -226,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return cmd_train_drafter(args)
         if args.command == "bench":
-            from .bench import cmd_bench
+            from .cli_bench import cmd_bench
 
             return cmd_bench(args)
         if args.command in ("models", "pull", "rm", "import"):
@@ -249,37 +172,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mlx-spec: error: {user_message(e, 'unexpected failure')} "
               "(MLX_SPEC_DEBUG=1 shows where)", file=sys.stderr)
         return EXIT_FAILURE
-
-
-def spec_from_args(args: argparse.Namespace) -> LoadSpec:
-    """The load spec the options name (validated here, once: one line for a bad value)."""
-    try:
-        num_draft = parse_draft_length(getattr(args, "num_draft", None))
-    except MlxSpecError as e:
-        raise MlxSpecError(f"--num-draft: {e}") from None
-    return LoadSpec(model=getattr(args, "model", None), drafter=getattr(args, "drafter", "auto"),
-                    draft_model=getattr(args, "draft_model", None), mtp=getattr(args, "mtp", None),
-                    num_draft=num_draft, kv_bits=getattr(args, "kv_bits", None),
-                    hostfile=getattr(args, "hostfile", None), split=getattr(args, "split", None),
-                    lookup=getattr(args, "lookup", False))
-
-
-SAMPLING_FLAGS = {"temperature": "--temp", "top-p": "--top-p", "top-k": "--top-k",
-                  "min-p": "--min-p", "repetition-penalty": "--repetition-penalty"}
-
-
-def sampling_from_args(args: argparse.Namespace):
-    """A SamplingConfig; a bad value is refused naming the option (NaN and inf included)."""
-    from .sampling import SamplingConfig
-
-    try:
-        return SamplingConfig(
-            temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-            repetition_penalty=args.repetition_penalty, seed=args.seed,
-        )
-    except ValueError as e:
-        field, _, rest = str(e).partition(" ")
-        raise MlxSpecError(f"{SAMPLING_FLAGS.get(field, field)} {rest}") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -397,30 +289,6 @@ def stop_on_interrupt(stop: threading.Event):
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def fetched(spec: LoadSpec) -> LoadSpec:
-    """The spec on local paths: a preset or hub repo id is pulled first (what is cached is not
-    fetched again), and its drafter fills what the user left unset."""
-    from .loading import is_local
-
-    if spec.draft_model and not is_local(spec.draft_model):
-        from .hub import fetch
-
-        spec = replace(spec, draft_model=str(fetch(spec.draft_model, progress=ProgressBar())))
-    if spec.model is None or is_local(spec.model):
-        return spec
-    from . import hub
-
-    return with_launch(spec, hub.pull(spec.model, progress=ProgressBar()))
-
-
-def with_launch(spec: LoadSpec, launch: Any) -> LoadSpec:
-    """The pulled pair's spec, keeping a drafter the user chose; its warnings (a drafter kind
-    not loadable yet) go to stderr."""
-    for w in launch.warnings:
-        print(f"mlx-spec: warning: {w}", file=sys.stderr)
-    return launch.spec(spec)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from mlx_spec.bench.hybrid import agreeing_pair
+from benchmarks.hybrid import agreeing_pair
 from mlx_spec.drafters import nextn
 from mlx_spec.model import TargetModel
 from mlx_spec.train.modeldir import TOKENIZER_FILES, build_model

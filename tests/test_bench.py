@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
-from mlx_spec.bench import BenchConfig, bench, parity
-from mlx_spec.bench.demo import bench_demo
-from mlx_spec.bench.needed import equal_acceptance, needed_section
-from mlx_spec.bench.parity import first_turn_parity, mirrored
-from mlx_spec.bench.report import write_first_turn
-from mlx_spec.bench.runners import FirstTurn, Timing, pooled_tok_s
-from mlx_spec.bench.scenario import GROUPS, bench_first_turn
-from mlx_spec.cli import build_parser
+from benchmarks import BenchConfig, bench, parity
+from benchmarks.__main__ import parse_args as parse_bench_args
+from benchmarks.demo import bench_demo
+from benchmarks.needed import equal_acceptance, needed_section
+from benchmarks.parity import first_turn_parity, mirrored
+from benchmarks.report import write_first_turn
+from benchmarks.runners import FirstTurn, Timing, pooled_tok_s
+from benchmarks.scenario import GROUPS, bench_first_turn
 
 TINY = BenchConfig(hidden=256, layers=5, ffn=640, prompts=1, max_tokens=10, num_draft=2,
                    sweep=(1,), temperatures=((0.0, 1.0), (1.0, 1.0)), quantized_rows=True,
@@ -84,11 +84,11 @@ def test_demo_group_measures_the_variant_the_app_opens(tmp_path):
     text = (tmp_path / "BENCH-demo.md").read_text()
     assert "open **demo-target (f32)** here" in text and "| demo-target-q8 |" in text
     assert "app's default: mtp+lookup auto ÷ target-only" in text
-    assert build_parser().parse_args(["bench", "--group", "demo"]).group == "demo"
+    assert parse_bench_args(["--group", "demo"]).group == "demo"
 
 
 def test_first_turn_group_is_selectable():
-    assert build_parser().parse_args(["bench", "--group", "first-turn"]).group == "first-turn"
+    assert parse_bench_args(["--group", "first-turn"]).group == "first-turn"
     assert GROUPS["first-turn"] is bench_first_turn
 
 
@@ -125,10 +125,10 @@ def test_mirrored_runs_each_side_twice_in_mirrored_order():
 
 
 def test_serve_group_streams_our_sides_and_reports_the_goals(tmp_path):
-    from mlx_spec.bench.serve import ServeConfig, bench_serve
-    from mlx_spec.bench.serve_clients import healthy
+    from benchmarks.serve import ServeConfig, bench_serve
+    from benchmarks.serve_clients import healthy
 
-    assert build_parser().parse_args(["bench", "--group", "serve"]).group == "serve"
+    assert parse_bench_args(["--group", "serve"]).group == "serve"
     assert GROUPS["serve"] is bench_serve
     tiny = BenchConfig(hidden=256, layers=5, ffn=640, num_draft=2)
     serve = ServeConfig(concurrency=(1, 2), max_tokens=6, pairs=1, overhead_pairs=1,
@@ -170,7 +170,7 @@ def test_a_subprocess_server_is_stopped_on_the_way_out(tmp_path):
 
     import pytest
 
-    from mlx_spec.bench.serve_clients import (
+    from benchmarks.serve_clients import (
         exit_on_sigterm,
         free_ports,
         healthy,
@@ -228,7 +228,7 @@ def test_sampled_auto_parity_draws_new_seeds_each_pair():
     over draws, not one draw's luck timed again; greedy pairs need no seeds."""
     from types import SimpleNamespace
 
-    from mlx_spec.bench.parity import auto_parity
+    from benchmarks.parity import auto_parity
 
     class Runner:
         def __init__(self):

@@ -11,11 +11,11 @@ import statistics
 import threading
 import time
 
-from mlx_spec.bench.distributed import MLX_LM, PLAIN, goals, greedy_check, summarise
-from mlx_spec.bench.distributed_ranks import hops
-from mlx_spec.bench.distributed_report import modelled, relay_precise, write_distributed
-from mlx_spec.bench.distributed_session import ring_files
-from mlx_spec.bench.relay import HOST, Relay, echo_server, free_ports, ping_pong
+from benchmarks.distributed import MLX_LM, PLAIN, goals, greedy_check, summarise
+from benchmarks.distributed_ranks import hops
+from benchmarks.distributed_report import modelled, relay_precise, write_distributed
+from benchmarks.distributed_session import ring_files
+from benchmarks.relay import HOST, Relay, echo_server, free_ports, ping_pong
 
 
 def test_the_relay_forwards_every_byte_in_order_after_the_delay():
@@ -123,8 +123,8 @@ def test_the_latency_model_and_the_relay_tolerance():
 
 
 def test_the_group_is_a_bench_choice():
-    from mlx_spec.bench.scenario import GROUPS
-    from mlx_spec.cli import build_parser
+    from benchmarks.__main__ import parse_args as parse_bench_args
+    from benchmarks.scenario import GROUPS
 
-    assert build_parser().parse_args(["bench", "--group", "distributed"]).group == "distributed"
+    assert parse_bench_args(["--group", "distributed"]).group == "distributed"
     assert GROUPS["distributed"].__name__ == "bench_distributed"

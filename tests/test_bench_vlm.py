@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from mlx_spec.bench import BenchConfig, vlm
-from mlx_spec.bench.published import write_gemma4, write_hybrid
-from mlx_spec.bench.report import SIDE_BY_SIDE, published_section
-from mlx_spec.bench.runners import Row, load_demo_tokenizer
+from benchmarks import BenchConfig, vlm
+from benchmarks.published import write_gemma4, write_hybrid
+from benchmarks.report import SIDE_BY_SIDE, published_section
+from benchmarks.runners import Row, load_demo_tokenizer
 from mlx_spec.loading import load_target, make_drafter
 from mlx_spec.train.corpus import prompts_from_corpus
 

@@ -22,7 +22,7 @@ import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 from test_engine_sampling import chi2_pvalue, target_joint
 
-from mlx_spec.bench.hybrid import agreeing_pair
+from benchmarks.hybrid import agreeing_pair
 from mlx_spec.distributed.hosts import HostfileError, read_hostfile
 from mlx_spec.distributed.ranks import verdict
 from mlx_spec.errors import MlxSpecError

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_spec.bench.replay import RoundCosts, replay
+from benchmarks.replay import RoundCosts, replay
 from mlx_spec.engine.adaptive import AdaptiveDraftLength, expected_by_k
 
 DRAFT = 0.005  # seconds per drafted token

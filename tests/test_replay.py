@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import PROMPT, conversation, open_chat
 
-from mlx_spec.bench.replay import RoundCosts, record, record_sampled, replay
+from benchmarks.replay import RoundCosts, record, record_sampled, replay
 from mlx_spec.drafters import DraftModelDrafter
 from mlx_spec.engine.adaptive import AdaptiveDraftLength
 from mlx_spec.engine.schedule import Schedule, Speculate

@@ -9,7 +9,7 @@ from helpers import conversation
 from mlx.utils import tree_map
 from test_mtp import make_drafter
 
-from mlx_spec.bench.widen import parameter_count, widen_mtp, widen_target
+from benchmarks.widen import parameter_count, widen_mtp, widen_target
 
 
 def test_wide_target_and_mtp_head_compute_the_same_function(load):
@@ -36,8 +36,8 @@ def test_wide_target_and_mtp_head_compute_the_same_function(load):
 def test_wide_hybrid_target_and_published_head_compute_the_same_function():
     """The bench's hybrid target: GDN heads added, hidden/FFN/layers widened, same function;
     its published-layout MTP head proposes exactly the same drafts on both."""
-    from mlx_spec.bench.hybrid import SMALL, agreeing_pair
-    from mlx_spec.bench.widen import widen_hybrid, widen_nextn
+    from benchmarks.hybrid import SMALL, agreeing_pair
+    from benchmarks.widen import widen_hybrid, widen_nextn
     from mlx_spec.drafters.mtp import nextn_drafter
     from mlx_spec.model import TargetModel
 
@@ -69,7 +69,7 @@ def test_wide_hybrid_target_and_published_head_compute_the_same_function():
 def test_wide_target_and_eagle3_head_compute_the_same_function(load):
     """An EAGLE-3 head widened with the target (bench/widen.widen_eagle3) gives the small
     head's draft logits at every chained step, and drafts exactly the same tokens."""
-    from mlx_spec.bench.widen import widen_eagle3
+    from benchmarks.widen import widen_eagle3
     from mlx_spec.drafters.mtp import eagle3_drafter
     from mlx_spec.train.eagle3 import chained_steps, make_head, speculators_config
 

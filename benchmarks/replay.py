@@ -31,11 +31,11 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..engine import Conversation
-from ..engine.adaptive import AdaptiveDraftLength
-from ..engine.schedule import End, Plain, Schedule, Speculate
-from ..events import TurnEnd
-from ..sampling import Sampler, SamplingConfig, chance_evidence
+from mlx_spec.engine import Conversation
+from mlx_spec.engine.adaptive import AdaptiveDraftLength
+from mlx_spec.engine.schedule import End, Plain, Schedule, Speculate
+from mlx_spec.events import TurnEnd
+from mlx_spec.sampling import Sampler, SamplingConfig, chance_evidence
 
 # a position's record: the run length L(t) (greedy), or the odds r_1..r_depth (T > 0)
 Position = int | Sequence[float]

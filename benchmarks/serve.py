@@ -1,4 +1,4 @@
-"""`mlx-spec bench --group serve`: several concurrent streaming clients against our server and
+"""`python -m benchmarks --group serve`: several concurrent streaming clients against our server and
 against `mlx_lm.server`, on the bench's widened f32 target (docs/BENCH-serve.md).
 
 Sides, each behind HTTP on 127.0.0.1: ours with speculation (`auto`, the target's MTP head),
@@ -26,14 +26,15 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
-from ..drafters import DraftModelDrafter
-from ..engine import Engine
-from ..events import TokenEvent
-from ..serve import Server
-from ..stats import quantiles
-from ..train.corpus import prompts_from_corpus
-from ..train.modeldir import save_model_dir
+from mlx_spec.assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
+from mlx_spec.drafters import DraftModelDrafter
+from mlx_spec.engine import Engine
+from mlx_spec.events import TokenEvent
+from mlx_spec.serve import Server
+from mlx_spec.stats import quantiles
+from mlx_spec.train.corpus import prompts_from_corpus
+from mlx_spec.train.modeldir import save_model_dir
+
 from .parity import mirrored, pair_ratios
 from .runners import QUICK, BenchConfig, BenchModels, load_bench_models, machine, new_engine, timed
 from .serve_clients import (

@@ -34,7 +34,7 @@ from .runners import Row, Runner, itl_ms, pooled_tok_s, timed
 
 ENGINES = ("mlx-spec", "mlx-vlm")
 OPT_IN = "MLX_SPEC_BENCH_VLM"  # =1: the published group runs the side-by-side rows too
-CHILD = "import sys; from mlx_spec.bench.vlm import main; sys.exit(main(sys.argv[1:]))"
+CHILD = "import sys; from benchmarks.vlm import main; sys.exit(main(sys.argv[1:]))"
 
 
 def wanted() -> bool:
@@ -161,7 +161,7 @@ def aggregate(runs: list[Row]) -> Row:
 
 def measure_ours(side: Side) -> list[Row]:
     """Our loader (the directories as a user passes them) and the bench's row runner."""
-    from ..loading import load_target, make_drafter
+    from mlx_spec.loading import load_target, make_drafter
 
     target, tokenizer = load_target(side.target)
     run = Runner(tokenizer, side.prompts, side.max_tokens)
@@ -245,7 +245,7 @@ def main(argv: list[str]) -> int:
 def child_env() -> dict[str, str]:
     """The parent's environment, with OpenBLAS preloaded where the CLI would preload it (both
     engines' children alike: f32 matmuls are memory-bound only with it, see _platform.py)."""
-    from .._platform import OPENBLAS
+    from mlx_spec._platform import OPENBLAS
 
     env = dict(os.environ)
     preload = env.get("LD_PRELOAD", "")

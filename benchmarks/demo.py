@@ -1,4 +1,4 @@
-"""`mlx-spec bench --group demo`: the bundled demo pair as a first run opens it.
+"""`python -m benchmarks --group demo`: the bundled demo pair as a first run opens it.
 
 The app and `generate` with no model open the demo variant `assets.demo_variant()` picks for
 this device (a GPU: the 8-bit target; MLX's CPU backend: the bf16 target computed in f32). The
@@ -20,11 +20,12 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..assets import DEMO_TARGET, demo_model, demo_variant
-from ..drafters.lookup import LookupFirst
-from ..drafters.mtp import load_mtp_drafter
-from ..loading import find_mtp_head, load_target
-from ..train.corpus import prompts_from_corpus
+from mlx_spec.assets import DEMO_TARGET, demo_model, demo_variant
+from mlx_spec.drafters.lookup import LookupFirst
+from mlx_spec.drafters.mtp import load_mtp_drafter
+from mlx_spec.loading import find_mtp_head, load_target
+from mlx_spec.train.corpus import prompts_from_corpus
+
 from .parity import abba, describe
 from .report import POOLED, reproduce_line, write_json
 from .runners import BenchConfig, Row, Runner, machine, row_dicts, verify_costs

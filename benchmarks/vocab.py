@@ -8,7 +8,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..sampling import SamplingConfig, probabilities
+from mlx_spec.sampling import SamplingConfig, probabilities
 
 VOCAB = 151_936  # Qwen's
 CFG = SamplingConfig(temperature=0.7, top_p=0.9, top_k=50)

@@ -21,10 +21,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..drafters.eagle3 import Eagle3Config, Eagle3Head
-from ..drafters.mtp import MTPConfig, MTPDrafter, eagle3_drafter, make_head
-from ..model import TargetModel
-from ..train.modeldir import build_model
+from mlx_spec.drafters.eagle3 import Eagle3Config, Eagle3Head
+from mlx_spec.drafters.mtp import MTPConfig, MTPDrafter, eagle3_drafter, make_head
+from mlx_spec.model import TargetModel
+from mlx_spec.train.modeldir import build_model
 
 
 def wide_config(config: dict[str, Any], hidden: int, layers: int, ffn: int) -> dict[str, Any]:
@@ -212,7 +212,7 @@ def widen_hybrid(small: TargetModel, config: dict[str, Any], *, hidden: int, lay
 
 def widen_nextn(drafter: MTPDrafter, small: TargetModel, wide: TargetModel) -> MTPDrafter:
     """The same published-layout MTP head on the wide target's (zero-padded) stream."""
-    from ..drafters.nextn import NextNHead, layout_for
+    from mlx_spec.drafters.nextn import NextNHead, layout_for
 
     lay = layout_for(wide)
     head = NextNHead(wide.hidden_size, wide.args.rms_norm_eps, lay.block(wide.args),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.adaptive import expected_by_k
+from mlx_spec.engine.adaptive import expected_by_k
 
 GOALS = (1.0, 1.5, 2.0, 2.5)
 
@@ -63,6 +63,6 @@ def needed_section(rows: list[dict[str, Any]], drafter: str = "mtp") -> list[str
             "round's time ÷ a target-only token's, and the per-position acceptance α, the same "
             "at every position, that would make such rounds run " + goals + " the target "
             "alone (– : not even a drafter that is never wrong); the row's own tokens/pass, and "
-            "the equal α that gives it. `mlx_spec/bench/needed.py` says how.", "",
+            "the equal α that gives it. `benchmarks/needed.py` says how.", "",
             f"| row | round ÷ token | α for {goals} | tokens/pass (as equal α) |",
             "|---|---|---|---|", *lines]

@@ -13,7 +13,7 @@ never in a collective (a ring rank waiting in one spins a core).
 
 One machine (`single`): the leader alone with the whole target, no group, the same requests.
 
-    python -c 'import sys; from mlx_spec.bench.distributed_ranks import main; sys.exit(main())' \
+    python -c 'import sys; from benchmarks.distributed_ranks import main; sys.exit(main())' \
         leader|follower|single JOB_JSON
 """
 
@@ -29,12 +29,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..distributed.link import Link, Op
-from ..distributed.ranks import agree, load_part
-from ..distributed.target import ShardedTarget, Split
-from ..distributed.worker import follow
-from ..loading import check_split_drafter, load_target, make_drafter
-from ..sampling import SamplingConfig
+from mlx_spec.distributed.link import Link, Op
+from mlx_spec.distributed.ranks import agree, load_part
+from mlx_spec.distributed.target import ShardedTarget, Split
+from mlx_spec.distributed.worker import follow
+from mlx_spec.loading import check_split_drafter, load_target, make_drafter
+from mlx_spec.sampling import SamplingConfig
+
 from .runners import Row, new_engine, run_mlx_lm, run_ours, warm_up
 
 HOSTS = ["127.0.0.1", "127.0.0.1"]

@@ -1,4 +1,4 @@
-"""A delaying TCP relay: the link latency of `mlx-spec bench --group distributed` (this kernel
+"""A delaying TCP relay: the link latency of `python -m benchmarks --group distributed` (this kernel
 has no netem qdisc, so `tc` cannot add delay).
 
 Each route listens on a port and forwards every connection it accepts to a target port; each

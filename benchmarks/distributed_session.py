@@ -93,7 +93,7 @@ class Session:
                  tmp: Path, env: dict[str, str], timeout: float, pin: bool = True):
         """pin: rank r on CPU r alone (taskset), as if each had a machine of its own."""
         self.timeout = timeout
-        module = [sys.executable, "-c", "import sys; from mlx_spec.bench.distributed_ranks "
+        module = [sys.executable, "-c", "import sys; from benchmarks.distributed_ranks "
                   "import main; sys.exit(main())"]
         self.pinned = pin and shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2
         roles = ((0, "single"),) if files is None else ((1, "follower"), (0, "leader"))
@@ -133,7 +133,7 @@ class RelayProcess:
     """relay.py in a process of its own: routes listen -> target, one delay for all."""
 
     def __init__(self, stack: ExitStack, routes: list[tuple[int, int]], tmp: Path):
-        cmd = [sys.executable, "-c", "import sys; from mlx_spec.bench.relay import main; "
+        cmd = [sys.executable, "-c", "import sys; from benchmarks.relay import main; "
                "sys.exit(main())", json.dumps({"routes": routes})]
         self.lines = spawn(stack, cmd, {}, tmp / "relay.log", "the relay")
         self.scheduling = self.lines.get(60).get("scheduling", "default")

@@ -7,9 +7,10 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any, TypeVar
 
-from ..drafters import Drafter
-from ..engine import Engine
-from ..model import TargetModel
+from mlx_spec.drafters import Drafter
+from mlx_spec.engine import Engine
+from mlx_spec.model import TargetModel
+
 from .runners import FirstTurn, Runner, new_engine
 
 R = TypeVar("R")

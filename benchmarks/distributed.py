@@ -1,4 +1,4 @@
-"""`mlx-spec bench --group distributed`: the target split over two ranks on this machine, as
+"""`python -m benchmarks --group distributed`: the target split over two ranks on this machine, as
 the link between them grows slower (docs/BENCH-distributed.md).
 
 Two cases, each on the bench's widened f32 targets saved to disk (the ranks load them there,
@@ -37,13 +37,14 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
-from ..drafters import nextn
-from ..drafters.mtp import nextn_drafter
-from ..loading import load_target
-from ..model import TargetModel
-from ..train.corpus import prompts_from_corpus
-from ..train.modeldir import save_model_dir
+from mlx_spec.assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
+from mlx_spec.drafters import nextn
+from mlx_spec.drafters.mtp import nextn_drafter
+from mlx_spec.loading import load_target
+from mlx_spec.model import TargetModel
+from mlx_spec.train.corpus import prompts_from_corpus
+from mlx_spec.train.modeldir import save_model_dir
+
 from .distributed_ranks import hops
 from .distributed_report import write_distributed
 from .distributed_session import RelayProcess, Session, ring_files

@@ -1,4 +1,4 @@
-"""BENCH-distributed.md and bench-distributed.json from a `mlx-spec bench --group distributed`
+"""BENCH-distributed.md and bench-distributed.json from a `python -m benchmarks --group distributed`
 run: how it was measured, the relay's precision, tok/s per side and delay (measured, and the
 model built from the 0 ms run and the counted round trips), the ratios in mirrored pairs, the
 messages per pass, the issue's goals, and a labelled model for several Macs on a 400B MoE."""
@@ -49,7 +49,7 @@ def header(result: dict[str, Any]) -> list[str]:
     delays = " / ".join(f"{x:g}" for x in d["delays_ms"])
     return [
         "# Benchmark: the target split over two ranks, as the link slows", "",
-        f"Reproduce: `uv run mlx-spec bench --group distributed` (this run: "
+        f"Reproduce: `uv run python -m benchmarks --group distributed` (this run: "
         f"{result['minutes']:.0f} min). {machine_line(m)}"
         + (f"; code at {m['commit']}" if m.get("commit") else "") + ".", "",
         "Two ranks on this machine (mlx.distributed's ring backend over TCP on 127.0.0.1), "

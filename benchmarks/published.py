@@ -37,15 +37,16 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..assets import DEMO_TARGET_F32, demo_model
-from ..drafters import Drafter, nextn
-from ..drafters.assistant import AssistantConfig, AssistantDrafter, Gemma4Assistant
-from ..drafters.dflash import DFlashConfig, DFlashHead
-from ..drafters.eagle3 import Eagle3Config, Eagle3Head
-from ..drafters.mtp import eagle3_drafter
-from ..engine.costs import as_run
-from ..model import TargetModel
-from ..train.modeldir import build_model, save_model_dir
+from mlx_spec.assets import DEMO_TARGET_F32, demo_model
+from mlx_spec.drafters import Drafter, nextn
+from mlx_spec.drafters.assistant import AssistantConfig, AssistantDrafter, Gemma4Assistant
+from mlx_spec.drafters.dflash import DFlashConfig, DFlashHead
+from mlx_spec.drafters.eagle3 import Eagle3Config, Eagle3Head
+from mlx_spec.drafters.mtp import eagle3_drafter
+from mlx_spec.engine.costs import as_run
+from mlx_spec.model import TargetModel
+from mlx_spec.train.modeldir import build_model, save_model_dir
+
 from . import vlm
 from .hybrid import SMALL, build_hybrid
 from .report import SIDE_BY_SIDE

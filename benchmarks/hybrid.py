@@ -18,13 +18,14 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .. import cache as kv
-from ..drafters import Drafter, DraftModelDrafter, nextn
-from ..drafters.mtp import nextn_drafter
-from ..engine.costs import as_run
-from ..model import TargetModel
-from ..recurrent import rollback_strategy
-from ..train.modeldir import build_model
+from mlx_spec import cache as kv
+from mlx_spec.drafters import Drafter, DraftModelDrafter, nextn
+from mlx_spec.drafters.mtp import nextn_drafter
+from mlx_spec.engine.costs import as_run
+from mlx_spec.model import TargetModel
+from mlx_spec.recurrent import rollback_strategy
+from mlx_spec.train.modeldir import build_model
+
 from .parity import auto_parity, describe, target_only_parity
 from .runners import (
     BenchConfig,

@@ -1,4 +1,4 @@
-"""Acceptance of the demo drafters on held-out prompts: `python -m mlx_spec.bench.evaluate`.
+"""Acceptance of the demo drafters on held-out prompts: `python -m benchmarks.evaluate`.
 
 Prints (and with --out writes as JSON) tokens per target pass and acceptance for the MTP head at
 k = 1..8 and the draft model at k = 4, greedy and at T = 0.7, on the 8-bit and bf16 targets.
@@ -10,9 +10,10 @@ import argparse
 import json
 from pathlib import Path
 
-from ..assets import DEMO_DRAFT, DEMO_TARGET, DEMO_TARGET_F32, demo_model
-from ..loading import load_target, make_drafter
-from ..train.corpus import prompts_from_corpus
+from mlx_spec.assets import DEMO_DRAFT, DEMO_TARGET, DEMO_TARGET_F32, demo_model
+from mlx_spec.loading import load_target, make_drafter
+from mlx_spec.train.corpus import prompts_from_corpus
+
 from .runners import measure_acceptance
 
 

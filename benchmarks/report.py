@@ -53,7 +53,7 @@ def header(result: dict[str, Any]) -> list[str]:
     return [
         "# Benchmark",
         "",
-        "Reproduce: `uv run mlx-spec bench` or `uv run mlx-spec bench --quick`"
+        "Reproduce: `uv run python -m benchmarks` or `uv run python -m benchmarks --quick`"
         + (f" (this run: {result['minutes']:.0f} min)." if "minutes" in result else "."),
         f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on {m['device']}, "
         f"mlx-lm {m['mlx_lm']}, {blas(m)}"
@@ -117,7 +117,7 @@ def notes(verify_cost_ms: list[float]) -> list[str]:
             + ", ".join(f"{x:.1f}" for x in verify_cost_ms) + ".",
             "", "![speedup vs draft length](bench.png)", "",
             "Gemma 4 assistant and EAGLE-3 rows: [BENCH-drafters.md](BENCH-drafters.md) "
-            "(`mlx-spec bench --group published`); the first turn: "
+            "(`python -m benchmarks --group published`); the first turn: "
             "[BENCH-first-turn.md](BENCH-first-turn.md) (`--group first-turn`); the full run "
             "includes both.", ""]
 
@@ -127,7 +127,7 @@ def write_published(result: dict[str, Any], prompts: int, max_tokens: int, out: 
     write_json(result, out / "bench-drafters.json")
     side = result["published"].get(SIDE_BY_SIDE)
     lines = ["# Benchmark: published drafter layouts", "",
-             "Reproduce: `uv run mlx-spec bench --group published`"
+             "Reproduce: `uv run python -m benchmarks --group published`"
              + (" with `MLX_SPEC_BENCH_VLM=1` (the mlx-vlm rows; `uv sync --group bench` "
                 "installs mlx-vlm)" if side else "") + ". "
              f"{machine_line(result['machine'])}"
@@ -153,7 +153,7 @@ def write_json(result: dict[str, Any], path: Path) -> None:
 def reproduce_line(group: str, result: dict[str, Any]) -> str:
     """`Reproduce: …`: the command, how long this run took, the machine and the commit."""
     m = result["machine"]
-    return (f"Reproduce: `uv run mlx-spec bench --group {group}` (this run: "
+    return (f"Reproduce: `uv run python -m benchmarks --group {group}` (this run: "
             f"{result['minutes']:.0f} min). {machine_line(m)}"
             + (f"; code at {m['commit']}" if m.get("commit") else "") + ".")
 
@@ -369,7 +369,7 @@ def write_first_turn(result: dict[str, Any], out: Path) -> None:
     write_json(result, out / "bench-first-turn.json")
     m = result["machine"]
     lines = ["# Benchmark: the first turn", "",
-             "Reproduce: `uv run mlx-spec bench --group first-turn` (this run: "
+             "Reproduce: `uv run python -m benchmarks --group first-turn` (this run: "
              f"{result['minutes']:.0f} min). {machine_line(m)}"
              + (f"; code at {m['commit']}" if m.get("commit") else "") + "."]
     (out / "BENCH-first-turn.md").write_text("\n".join(lines + first_turn_section(

@@ -22,19 +22,20 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
-from ..drafters import Drafter
-from ..drafters.lookup import LookupFirst
-from ..drafters.mtp import MTPDrafter, load_mtp_drafter
-from ..engine import Conversation, Engine
-from ..engine.calibration import CalibrationStore
-from ..engine.costs import measure_verify_costs
-from ..events import TokenEvent, TurnEnd
-from ..loading import find_mtp_head, load_target
-from ..model import TargetModel
-from ..sampling import SamplingConfig
-from ..spec import DraftLength
-from ..stats import Totals, quantiles
+from mlx_spec.assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
+from mlx_spec.drafters import Drafter
+from mlx_spec.drafters.lookup import LookupFirst
+from mlx_spec.drafters.mtp import MTPDrafter, load_mtp_drafter
+from mlx_spec.engine import Conversation, Engine
+from mlx_spec.engine.calibration import CalibrationStore
+from mlx_spec.engine.costs import measure_verify_costs
+from mlx_spec.events import TokenEvent, TurnEnd
+from mlx_spec.loading import find_mtp_head, load_target
+from mlx_spec.model import TargetModel
+from mlx_spec.sampling import SamplingConfig
+from mlx_spec.spec import DraftLength
+from mlx_spec.stats import Totals, quantiles
+
 from .widen import widen_mtp, widen_target
 
 
@@ -382,7 +383,7 @@ def load_bench_models(cfg: BenchConfig) -> BenchModels:
 def load_demo() -> tuple[TargetModel, MTPDrafter]:
     """The bundled demo target as the app opens it here (assets.demo_variant), and its MTP
     head."""
-    from ..assets import demo_variant
+    from mlx_spec.assets import demo_variant
 
     v = demo_variant()
     demo, _ = load_target(demo_model(v.name), dtype=v.dtype)

@@ -1,4 +1,5 @@
-"""`mlx-spec bench`: every decoder side by side, in one process, on the same prompts.
+"""The full benchmark (`python -m benchmarks`): every decoder side by side, in one process, on
+the same prompts.
 
 The target is the bundled demo target widened (function-preserving, see widen.py) into a
 memory-bound f32 model of ~110M parameters, so acceptance is real (trained drafters) and the
@@ -20,9 +21,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..drafters import DraftModelDrafter, NgramDrafter
-from ..engine.costs import PAD_REACH, as_run
-from ..train.corpus import long_prompt, prompts_from_corpus
+from mlx_spec.drafters import DraftModelDrafter, NgramDrafter
+from mlx_spec.engine.costs import PAD_REACH, as_run
+from mlx_spec.train.corpus import long_prompt, prompts_from_corpus
+
 from .demo import bench_demo
 from .distributed import bench_distributed
 from .hybrid import TARGET as HYBRID_TARGET
@@ -336,7 +338,7 @@ def auto_vs_best_fixed(rows: list[Row]) -> list[dict[str, Any]]:
 
 
 def bench_published(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]:
-    """`mlx-spec bench --group published`: only the Gemma 4 assistant and EAGLE-3 rows, each
+    """`python -m benchmarks --group published`: only the Gemma 4 assistant and EAGLE-3 rows, each
     against its own target-only row in the same run; written to BENCH-drafters.md / .json."""
     tokenizer = load_demo_tokenizer()
     run = Runner(tokenizer, prompts_from_corpus(tokenizer, cfg.prompts), cfg.max_tokens)
@@ -380,7 +382,7 @@ def compare_first_turn(cfg: BenchConfig, run: Runner, models: BenchModels, log: 
 
 
 def bench_first_turn(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]:
-    """`mlx-spec bench --group first-turn`: only the first-turn group; written to
+    """`python -m benchmarks --group first-turn`: only the first-turn group; written to
     BENCH-first-turn.md / bench-first-turn.json."""
     started = time.perf_counter()
     models = load_bench_models(cfg)
@@ -402,10 +404,3 @@ def _real(cfg: BenchConfig, out: Path, log) -> dict:
 GROUPS = {"all": bench, "published": bench_published, "first-turn": bench_first_turn,
           "serve": bench_serve, "distributed": bench_distributed, "demo": bench_demo,
           "real": _real}
-
-
-def cmd_bench(args) -> int:
-    cfg = QUICK if args.quick else BenchConfig()
-    log = lambda s: print(s, flush=True)  # noqa: E731
-    GROUPS[getattr(args, "group", "all")](cfg, Path(args.out), log)
-    return 0
