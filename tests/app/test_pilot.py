@@ -6,9 +6,11 @@ the demo pair is retrained from time to time."""
 from __future__ import annotations
 
 import pytest
+from helpers import assert_same_or_near_tie
 from textual.widgets import OptionList
 
-from mlx_spec import EngineInThread, EngineProcess, LoadSpec
+from mlx_spec import EngineInThread, EngineProcess, LoadSpec, TokenEvent, TurnEnd
+from mlx_spec.templates import encode_chat
 from mlx_spec_app.app import SpecChatApp
 from mlx_spec_app.history import History
 from mlx_spec_app.models import WelcomeScreen
@@ -90,19 +92,50 @@ async def test_highlight_and_markdown_toggles(engine, baseline, home):
         assert not answer.has_class("markdown")
 
 
-async def test_escape_stops_and_keeps_partial_answer(engine, baseline, home):
-    app = make_app(engine, baseline, max_tokens=3000)
+class HeldUntilStopped:
+    """The module's engine, but a turn waits after its first token until the turn's stop event
+    is set (esc): the answer cannot end before esc arrives, however fast the machine or short
+    the model's answer. Everything else is the engine's own."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.held = 0  # turns that waited for esc
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def chat(self, messages, *, stop=None, **kw):
+        first = True
+        for event in self._engine.chat(messages, stop=stop, **kw):
+            yield event
+            if first and stop is not None and isinstance(event, TokenEvent):
+                first = False
+                assert stop.wait(30), "esc never reached the turn"
+                self.held += 1
+
+
+async def test_escape_stops_and_keeps_partial_answer(engine, baseline, home, monkeypatch):
+    """esc mid-answer: the turn ends cancelled, the partial answer stays on screen and in the
+    history, marked stopped. Deterministic: the engine holds the turn after its first token
+    until esc, and end-of-turn tokens are ignored (the rest of that round cannot end it)."""
+    monkeypatch.setattr(engine.conversation, "eos", set())
+    held = HeldUntilStopped(engine)
+    app = make_app(held, baseline, max_tokens=3000)
     async with app.run_test(size=SIZE) as pilot:
         app.query_one(PromptInput).text = "class Parser:"
         await pilot.press("enter")
-        while app.busy and not app.query(Answer).last().kinds:
+        waited = 0.0
+        while not (app.query(Answer) and app.query(Answer).last().kinds) and waited < 30:
             await pilot.pause(0.02)  # until the first tokens are on screen
+            waited += 0.02
+        assert app.busy and app.query(Answer).last().kinds, "no tokens on screen"
         await pilot.press("escape")
         await idle(pilot)
         answer = app.query(Answer).last()
-        if answer.stats.finish_reason != "cancelled":
-            pytest.skip("the model ended its answer before esc arrived")
+        assert held.held == 1  # the turn waited for esc, and esc released it
+        assert answer.stats.finish_reason == "cancelled"
         assert answer.partial and answer.text
+        assert 0 < answer.stats.generated_tokens < 3000
         assert str(answer.query_one(".stats").render()).startswith(STOPPED)
         saved = app.history.messages(app.chat.conversation)
         assert saved[-1]["partial"] and saved[-1]["content"] == answer.text
@@ -161,17 +194,50 @@ async def test_settings_drafter_off_gives_target_tokens(engine, baseline, home):
         assert engine.conversation.drafter is original  # the same object back
 
 
+class Recorded:
+    """The module's engine, keeping each turn's end (its TurnEnd) as (target_only, end)."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.ends: list[tuple[bool, TurnEnd]] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def chat(self, messages, *, target_only: bool = False, **kw):
+        for event in self._engine.chat(messages, target_only=target_only, **kw):
+            if isinstance(event, TurnEnd):
+                self.ends.append((target_only, event))
+            yield event
+
+
 async def test_race_shows_both_speeds(engine, baseline, home):
-    app = make_app(engine, baseline)
+    """F5 races the last prompt target-only. Greedy on a lossless decoder, so the line says
+    "same tokens" unless the two runs part at a genuine near-tie (batched verification runs
+    other kernels than one-token decoding), measured here on the target's own logits."""
+    recorded = Recorded(engine)
+    app = make_app(recorded, baseline)
     async with app.run_test(size=SIZE) as pilot:
         answer = await send(pilot, "def race(x):")
         drafter = engine.conversation.drafter
+        messages = app.chat.last_turn.messages
         await pilot.press("f5")
         await idle(pilot)
         line = str(answer.query_one(".race").render())
         assert "speculative" in line and "target-only" in line and "tok/s" in line
-        assert "same tokens" in line or "differ" in line
         assert engine.conversation.drafter is drafter  # the race never touched the main engine
+    assert [only for only, _ in recorded.ends] == [False, True]  # the turn, then the race
+    (_, spec), (_, plain) = recorded.ends
+    assert spec.stats.drafted > 0 and plain.stats.drafted == 0
+    n = min(len(spec.tokens), len(plain.tokens))
+    assert n > 0
+    target = engine.engine.target
+    bits = (target.config.get("quantization") or {}).get("bits")
+    prompt = encode_chat(engine.engine.tokenizer, messages)
+    # equal, or parted at a measured near-tie: anything else fails here, whatever the line says
+    gap = assert_same_or_near_tie(target, prompt, list(spec.tokens[:n]), list(plain.tokens[:n]),
+                                  bits)
+    assert line.endswith(" │ same tokens" if gap is None else " │ outputs differ (a near-tie)")
 
 
 async def test_copy_answer_and_code_block(engine, baseline, home):
