@@ -121,7 +121,7 @@ class Leader:
                 t0 = time.perf_counter()
                 engine = new_engine(self.target, self.tokenizer, self.drafter(side["drafter"]),
                                     side["k"])
-                warm_up(engine.conversation(), req["warm_prompt"])
+                warm_up(engine, engine.conversation(), req["warm_prompt"])
                 self.engines[side["name"]] = engine
                 seconds[side["name"]] = time.perf_counter() - t0
             return {"seconds": seconds}

@@ -27,6 +27,7 @@ from mlx_spec.drafters import Drafter
 from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.drafters.mtp import MTPDrafter, load_mtp_drafter
 from mlx_spec.engine import Conversation, Engine
+from mlx_spec.engine.acceptance import measure_acceptance as engine_acceptance
 from mlx_spec.engine.calibration import CalibrationStore
 from mlx_spec.engine.costs import measure_verify_costs
 from mlx_spec.events import TokenEvent, TurnEnd
@@ -175,21 +176,14 @@ def new_engine(target: TargetModel, tokenizer: Any, drafter: Drafter | None,
                   store=store or fresh_store())
 
 
-def make_engine(target: TargetModel, tokenizer: Any, drafter: Drafter | None,
-                num_draft: DraftLength, store: CalibrationStore | None = None
-                ) -> Conversation:
-    """A conversation on a fresh engine (`new_engine`): each row measures its own engine."""
-    return new_engine(target, tokenizer, drafter, num_draft, store).conversation()
-
-
-def warm_up(engine: Conversation, prompt: list[int]) -> None:
+def warm_up(engine: Engine, conv: Conversation, prompt: list[int]) -> None:
     """Calibrate the engine of a speculative conversation (so a row runs on measured costs, as
     in the app once its idle calibration ran: `auto` reads them, and every verify pass runs at
     the size they found cheapest), then four tokens after the prompt's first eight, so a row
     times no first-call compilation."""
-    if engine.drafter is not None and not engine.engine.calibrated:
-        engine.engine.calibrate()
-    list(engine.generate(prompt[:8], max_tokens=4))
+    if conv.drafter is not None and not engine.calibrated:
+        engine.calibrate()
+    list(conv.generate(prompt[:8], max_tokens=4))
 
 
 @dataclass(frozen=True)
@@ -309,10 +303,11 @@ class Runner:
              seed: int = 0) -> Row:
         """A row of a fresh, warmed-up engine, on `prompts` (default: the run's), prompt i
         sampled with seed `seed` + i."""
-        engine = make_engine(target, self.tokenizer, drafter, num_draft, self.store)
-        warm_up(engine, self.prompts[0])
+        engine = new_engine(target, self.tokenizer, drafter, num_draft, self.store)
+        conv = engine.conversation()
+        warm_up(engine, conv, self.prompts[0])
         row = Row(name, drafter_name, "mlx-spec", target_name, temperature, top_p, num_draft)
-        return run_ours(engine, prompts or self.prompts, self.max_tokens,
+        return run_ours(conv, prompts or self.prompts, self.max_tokens,
                         SamplingConfig(temperature=temperature, top_p=top_p), row, seed=seed)
 
     def first_turn(self, engine: Engine, temperature: float, *, seed: int = 0) -> FirstTurn:
@@ -333,16 +328,11 @@ class Runner:
 def measure_acceptance(target: TargetModel, tokenizer: Any, drafter: Drafter | None,
                        num_draft: int, prompts: list[list[int]], max_tokens: int,
                        temperature: float) -> dict[str, float]:
-    """Tokens per target pass and acceptance of a fresh engine, up to `max_tokens` (or its end
-    of turn) after each prompt, prompt i drawn with seed i."""
-    engine = make_engine(target, tokenizer, drafter, num_draft)
-    turns = []
-    for i, ids in enumerate(prompts):
-        engine.reset()
-        cfg = SamplingConfig(temperature=temperature, seed=i)
-        turns += [e.stats for e in engine.generate(ids, max_tokens=max_tokens, sampling=cfg)
-                  if isinstance(e, TurnEnd)]
-    t = Totals.from_turns(turns)
+    """Tokens per target pass and acceptance of a fresh engine (engine/acceptance.py, as the
+    trainer measures), up to `max_tokens` (or its end of turn) after each prompt, prompt i
+    drawn with seed i."""
+    t = engine_acceptance(new_engine(target, tokenizer, drafter, num_draft), prompts,
+                          max_tokens=max_tokens, temperature=temperature)
     return {"tokens_per_pass": t.tokens_per_pass, "acceptance": t.acceptance_rate}
 
 
@@ -395,9 +385,9 @@ def load_demo_tokenizer() -> Any:
     return tokenizer
 
 
-def verify_costs(target: TargetModel, k_max: int, *, repeats: int = 5) -> tuple[float, ...]:
-    """Seconds for one target forward over q = 1..k_max+1 tokens: the fastest of `repeats`."""
-    return measure_verify_costs(target, k_max, repeats=repeats, smooth=False)
+def verify_costs(target: TargetModel, max_draft: int, *, repeats: int = 5) -> tuple[float, ...]:
+    """Seconds for one target forward over q = 1..max_draft+1 tokens: the fastest of `repeats`."""
+    return measure_verify_costs(target, max_draft, repeats=repeats, smooth=False)
 
 
 def efficiency(r: Row, costs: tuple[float, ...]) -> float | None:

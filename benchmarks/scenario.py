@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mlx_spec.drafters import DraftModelDrafter, NgramDrafter
-from mlx_spec.engine.costs import PAD_REACH, as_run
+from mlx_spec.engine.costs import LONGEST_TIMED_PASS, as_run
 from mlx_spec.train.corpus import long_prompt, prompts_from_corpus
 
 from .demo import bench_demo
@@ -72,7 +72,7 @@ def bench(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]:
         f"({cfg.hidden}x{cfg.layers}, ffn {cfg.ffn})")
     run = Runner(models.tokenizer, prompts_from_corpus(models.tokenizer, cfg.prompts),
                  cfg.max_tokens)
-    raw = verify_costs(models.wide, max(PAD_REACH - 1, cfg.num_draft))
+    raw = verify_costs(models.wide, max(LONGEST_TIMED_PASS - 1, cfg.num_draft))
     costs = as_run(raw)
     log(f"verify cost, q=1..{len(raw)} tokens (×1 token), as run: "
         + " ".join(f"{c / costs[0]:.2f}" for c in costs)

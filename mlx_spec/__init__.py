@@ -4,7 +4,7 @@ Public API (the app and other tools use only this):
 
     from mlx_spec import LoadSpec, load_engine, SamplingConfig, TokenEvent, TurnEnd
     engine = load_engine(LoadSpec())            # weights: the bundled demo pair, MTP drafter
-    chat = engine.conversation()                # one chat's tokens, caches, drafter state
+    chat = engine.conversation()                # a Chat: tokens, caches, drafter state
     ids = encode_chat(engine.tokenizer, [{"role": "user", "content": "def add("}])
     for event in chat.generate(ids, max_tokens=128, sampling=SamplingConfig(temperature=0)):
         ...  # TokenEvent(token, text, kind) ..., then TurnEnd(stats, ...)
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 # EngineProcess never imports mlx-lm (2+ seconds and ~100 MB here), only the child does.
 _HOME = {
     "encode_chat": "templates", "encode_raw": "templates", "valid_text": "templates",
-    "DRAFTERS": "kinds", "Conversation": "engine", "Engine": "engine",
+    "DRAFTERS": "kinds", "Chat": "engine", "Conversation": "engine", "Engine": "engine",
     "MlxSpecError": "errors", "ModelLoadError": "errors", "PromptTooLongError": "errors",
     "TokenizerMismatchError": "errors", "UnsupportedModelError": "errors",
     "user_message": "errors",
@@ -37,7 +37,7 @@ _HOME = {
     "DraftLength": "spec", "LoadSpec": "spec", "parse_draft_length": "spec",
 }
 __all__ = [  # == sorted(_HOME) (a test checks): written out for tools that read it statically
-    "Baseline", "Conversation", "DRAFTERS", "DraftLength", "Engine", "EngineInThread",
+    "Baseline", "Chat", "Conversation", "DRAFTERS", "DraftLength", "Engine", "EngineInThread",
     "EngineInfo", "EngineProcess", "EngineService",
     "Event", "Kind", "LoadSpec", "MlxSpecError", "ModelLoadError", "PromptTooLongError",
     "SamplingConfig", "TokenEvent", "TokenizerMismatchError", "Totals", "TurnEnd", "TurnStats",
@@ -60,7 +60,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .engine import Chat, Conversation, Engine
     from .errors import (
         MlxSpecError,
         ModelLoadError,

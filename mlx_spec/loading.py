@@ -186,7 +186,7 @@ def load_engine(spec: LoadSpec | None = None):
         check_split_drafter(d)
     num_draft = spec.num_draft
     if num_draft is None:  # the drafter's own length where its files give one, else auto
-        own = getattr(d, "default_k", None)
+        own = d.default_k if d is not None else None
         num_draft = min(own, MAX_DRAFT) if own else "auto"
     return Engine(target, tokenizer, d, draft_length=num_draft, kv_bits=spec.kv_bits)
 
@@ -206,11 +206,7 @@ def load_split_or_whole(model: str | Path, spec: LoadSpec, *, dtype: str | None 
 def check_split_drafter(drafter: Any) -> None:
     """Drafters that read the target's KV cache directly cannot follow it onto other machines
     (a tensor split holds a slice of every layer's heads; a pipeline the layers elsewhere)."""
-    drafter = getattr(drafter, "inner", drafter)  # behind prompt lookup: the model drafter
-    reads_kv = drafter is not None and (
-        drafter.name == "draft-assistant" or getattr(getattr(drafter, "cfg", None), "kind",
-                                                     None) == "shared-kv")
-    if reads_kv:
+    if drafter is not None and drafter.reads_target_kv:
         raise ModelLoadError(f"the {drafter.name} drafter reads the target's own KV cache, "
                              "which is split over the machines: use a draft model, a "
                              "published MTP head (nextn), EAGLE-3 (--tensor) or --drafter ngram")

@@ -269,7 +269,7 @@ def _resolve(n: mx.array, token: mx.array, drafts: mx.array,
     return Verdict(out[0], out[1], tuple(out[2 : 2 + out[0]]), tuple(odds), tuple(overlap))
 
 
-def verify_greedy(target_logits: mx.array, drafts: mx.array | list[int]) -> Verdict:
+def greedy_verdict(target_logits: mx.array, drafts: mx.array | list[int]) -> Verdict:
     """Longest prefix of drafts equal to the target's argmax, then the target's argmax.
 
     target_logits [k+1, V]: row i is the target's prediction after drafts[:i]. Computed on the
@@ -393,8 +393,8 @@ class Sampler:
         probs = processed(penalize(logits, history, [], self.cfg), self.cfg, full=True)[0]
         return int(categorical(probs[0], self.next_key()).item())
 
-    def verify(self, target_logits: mx.array, history: list[int], drafts: mx.array | list[int],
-               q: mx.array | None) -> Verdict:
+    def verdict(self, target_logits: mx.array, history: list[int], drafts: mx.array | list[int],
+                q: mx.array | None) -> Verdict:
         """Decide a round: target_logits [k+1, V] for the positions after history, drafts[:i].
         drafts may still be lazy: the decision, drafts included, reaches the host in one sync
         (two in the rare round whose p needed the exact fall-back: decided again on it; the
@@ -402,7 +402,7 @@ class Sampler:
         drafts = _as_ids(drafts)
         logits = penalize(target_logits, history, drafts, self.cfg)
         if self.cfg.greedy:
-            return verify_greedy(logits, drafts)
+            return greedy_verdict(logits, drafts)
 
         def decide(p: mx.array) -> tuple[mx.array, mx.array, mx.array | None]:
             if drafts.shape[0] == 0:

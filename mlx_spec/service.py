@@ -33,7 +33,7 @@ from .spec import DraftLength, LoadSpec
 from .stats import Baseline
 
 if TYPE_CHECKING:  # EngineInThread imports the engine (and mlx-lm) when it is first used
-    from .engine import Conversation, Engine
+    from .engine import Chat, Engine
 
 Messages = list[dict[str, str]]
 
@@ -76,7 +76,7 @@ class EngineService(Protocol):
     def close(self) -> None: ...
 
 
-def drafter_kind(conv: Conversation) -> str:
+def drafter_kind(conv: Chat) -> str:
     """The kind (kinds.DRAFTERS) of the conversation's current drafter."""
     return kind_of(conv.drafter.name) if conv.drafter is not None else "none"
 
@@ -92,7 +92,7 @@ class EngineInThread:
         spec = spec or LoadSpec()
         self.engine, self.spec = engine, spec
         self.conversation = engine.conversation()  # the chat's tokens, caches, drafter state
-        self._plain: Conversation | None = None  # target-only on the same weights (races)
+        self._plain: Chat | None = None  # target-only on the same weights (races)
         self._drafters: dict[str, Any] = {"none": None,
                                           drafter_kind(self.conversation): engine.drafter}
         # what configure() can switch to: off, what was loaded, n-gram (needs no files), and

@@ -45,10 +45,11 @@ def check_draft_length(k: object) -> None:
         raise MlxSpecError(f"draft length must be 1..{MAX_DRAFT} or 'auto', got {k!r}")
 
 
-def auto_ceiling(drafter: object) -> int:
+def auto_max_draft(drafter: object) -> int:
     """The longest draft `auto` may choose with this drafter: AUTO_MAX_DRAFT, or a block
     drafter's own block when longer (DFlash: block_size - 1, its `max_k`)."""
-    return max(AUTO_MAX_DRAFT, min(MAX_DRAFT, getattr(drafter, "max_k", 0) or 0))
+    own = drafter.max_k if drafter is not None else None
+    return max(AUTO_MAX_DRAFT, min(MAX_DRAFT, own or 0))
 
 
 def max_draft_for(k: DraftLength, ceiling: int = AUTO_MAX_DRAFT) -> int:

@@ -80,9 +80,7 @@ def main() -> None:
         worst: list[float] = []
         for conv in convs:
             checked(conv, worst)
-        ends, sizes = lockstep([c.steps(p, max_tokens=job["max_tokens"], ignore_eos=True,
-                                        sampling=SamplingConfig(temperature=0.0))
-                                for c, p in zip(convs, job["batch"], strict=True)])
+        ends, sizes, _ = lockstep(convs, job["batch"], max_tokens=job["max_tokens"])
         out["batch"] = {"tokens": [list(e.tokens) for e in ends], "sizes": sizes,
                         "worst": worst}
     for turn in job.get("turns", []):

@@ -250,7 +250,7 @@ def assert_lossless_behind_lookup(target, tokenizer, drafter, k, max_tokens=40):
 def padded(conv, monkeypatch, size: int = 16) -> list[int]:
     """Make every verify pass of `conv` run as `size` tokens (as if measured cheapest) and
     record the length of every pass over its cache."""
-    conv.engine._measured = TargetCosts((1.0,) * size, 1.0, pad_to=(size,) * size)
+    conv.costbook.measured = TargetCosts((1.0,) * size, 1.0, pad_to=(size,) * size)
     fed, forward = [], conv.target.forward
 
     def counted(tokens, cache, **kw):

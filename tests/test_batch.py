@@ -20,9 +20,10 @@ from test_engine_sampling import (
 
 from mlx_spec.drafters import DraftModelDrafter
 from mlx_spec.engine import Engine
-from mlx_spec.engine.batch import batchable, draft_together, prefill_together, verify_together
-from mlx_spec.engine.turn import Drafting, Pause, Verify
-from mlx_spec.events import TurnEnd
+from mlx_spec.engine.batch import batchable
+from mlx_spec.engine.cycle import Batch, Row
+from mlx_spec.engine.rounds import PrefillDue
+from mlx_spec.engine.turn import steps
 from mlx_spec.loading import load_target, make_drafter
 from mlx_spec.recurrent import rollback_strategy
 from mlx_spec.sampling import Sampler, SamplingConfig
@@ -30,47 +31,29 @@ from mlx_spec.sampling import Sampler, SamplingConfig
 PROMPTS = [PROMPT, OTHER, PROMPT[:5] + [3, 1, 4, 1, 5, 9, 2, 6], [7] * 3]
 
 
-def turns_of(convs, prompts, *, max_tokens=32, sampling=None):
+def lockstep(convs, prompts, *, max_tokens=32, sampling=None, rows=None):
+    """Drive the turns together as the server does (cycle.Batch.step: every round's drafts
+    together, one pass per cycle, prompt chunks of turns arriving together in one pass).
+    rows: the batch's rows, made here from convs and prompts if not given. Returns each turn's
+    TurnEnd, the rounds of every cycle that verified any, and the rows of every prefill pass."""
+    batch = Batch(convs[0].costbook)
     sampling = sampling or [SamplingConfig()] * len(convs)
-    return [c.steps(p, max_tokens=max_tokens, ignore_eos=True, sampling=s)
-            for c, p, s in zip(convs, prompts, sampling, strict=True)]
-
-
-def lockstep(turns, *, drafts_together=False):
-    """Drive the turns together: each runs to its next verify, then one batched pass answers
-    them all (drafts_together: the rounds' drafts too, as the server does). Returns each
-    turn's TurnEnd and the batch size of every pass."""
-    ends, sizes = [None] * len(turns), []
-    items = [next(t) for t in turns]
-    while True:
-        waiting, drafting = [], []
-        for i, t in enumerate(turns):
-            while ends[i] is None and not isinstance(items[i], Verify):
-                if isinstance(items[i], TurnEnd):
-                    ends[i] = items[i]
-                    break
-                if drafts_together and isinstance(items[i], Drafting):
-                    drafting.append(i)
-                    break
-                items[i] = next(t)
-                if isinstance(items[i], Pause):  # a prefill chunk: the others' turn
-                    break
-            if ends[i] is None and isinstance(items[i], Verify):
-                waiting.append(i)
-        if drafting:
-            drafts = draft_together([items[i] for i in drafting])
-            for i, draft in zip(drafting, drafts, strict=True):
-                items[i] = turns[i].send(draft)  # on to its Verify
-                waiting.append(i)
-            waiting.sort()
-        if all(e is not None for e in ends):
-            return ends, sizes
-        if not waiting:
-            continue
-        sizes.append(len(waiting))
-        results = verify_together([(items[i].conv, items[i].draft) for i in waiting])
-        for i, result in zip(waiting, results, strict=True):
-            items[i] = turns[i].send(result)
+    rows = rows or [batch.start(c, p, max_tokens=max_tokens, sampling=s, ignore_eos=True)
+                    for c, p, s in zip(convs, prompts, sampling, strict=True)]
+    ends, sizes, prefills = [None] * len(rows), [], []
+    live = list(range(len(rows)))
+    while live:
+        cycle = batch.step([rows[i] for i in live])
+        if cycle.rounds:
+            sizes.append(cycle.rounds)
+        if cycle.prefilled:
+            prefills.append(cycle.prefilled)
+        for i, out in zip(list(live), cycle.produced, strict=True):
+            assert out.error is None, out.error
+            if out.over:
+                ends[i] = out.events[-1]
+                live.remove(i)
+    return ends, sizes, prefills
 
 
 def near_copy(model_dirs, arch: str, noise: float):
@@ -109,13 +92,14 @@ def test_batched_rounds_equal_each_conversation_alone(load, model_dirs, arch, wh
         drafter.draft_rows = lambda *a: (lambda got: drafted.append(
             got is not None and len(got)) or got)(draft_rows(*a))
     try:
-        ends, sizes = lockstep(turns_of(convs, PROMPTS), drafts_together=True)
+        ends, sizes, prefills = lockstep(convs, PROMPTS)
     finally:
         target.forward_rows = forward_rows
     for prompt, got, want in zip(PROMPTS, ends, alone, strict=True):
         assert_same_or_near_tie(target, prompt, list(got.tokens), list(want.tokens))
     batched = [s for s in calls if s[0] > 1]
-    assert len(batched) == sum(1 for s in sizes if s > 1)  # ONE pass per batched round
+    # ONE pass per batched round (and per prefill step of the prompts arriving together)
+    assert len(batched) == sum(1 for s in sizes if s > 1) + len(prefills)
     assert max(sizes) == len(PROMPTS)
     if which in ("shared-kv", "near", "lookup"):  # drafts drafted together, all four rows
         assert max(drafted) == len(PROMPTS)  # (lookup: copied rows beside the head's)
@@ -177,7 +161,7 @@ def test_a_seeded_sampled_turn_is_the_same_inside_a_batch(load):
     alone = [run(engine.conversation(), prompt=p, max_tokens=24, sampling=c)[0]
              for p, c in zip(PROMPTS, cfgs, strict=False)]
     convs = [engine.conversation() for _ in cfgs]
-    ends, sizes = lockstep(turns_of(convs, PROMPTS[:3], max_tokens=24, sampling=cfgs))
+    ends, sizes, _ = lockstep(convs, PROMPTS[:3], max_tokens=24, sampling=cfgs)
     assert max(sizes) == len(cfgs)
     for got, want in zip(ends, alone, strict=True):  # its own random stream, batch or not
         assert list(got.tokens) == list(want.tokens)
@@ -199,8 +183,8 @@ def test_sampling_inside_batches_has_the_target_distribution(load):
     for base in range(0, 1200, 3):
         cfgs = [SamplingConfig(seed=base + i, **CFG) for i in range(3)]
         convs = [engine.conversation() for _ in range(4)]
-        ends, seen = lockstep(turns_of(convs, [PROMPT] * 3 + [OTHER], max_tokens=2,
-                                       sampling=cfgs + [SamplingConfig(seed=base, **CFG)]))
+        ends, seen, _ = lockstep(convs, [PROMPT] * 3 + [OTHER], max_tokens=2,
+                                 sampling=cfgs + [SamplingConfig(seed=base, **CFG)])
         sizes += seen
         for end in ends[:3]:
             pairs.append(tuple(end.tokens))
@@ -225,8 +209,7 @@ def test_target_only_turns_batch_their_plain_steps(load, sampling):
     convs = [engine.conversation() for _ in PROMPTS]
     for c in convs:
         checked(c)
-    ends, sizes = lockstep(turns_of(convs, PROMPTS, max_tokens=20,
-                                    sampling=[sampling] * len(PROMPTS)))
+    ends, sizes, _ = lockstep(convs, PROMPTS, max_tokens=20, sampling=[sampling] * len(PROMPTS))
     assert max(sizes) == len(PROMPTS) and len(sizes) == 20
     for prompt, got, want in zip(PROMPTS, ends, alone, strict=True):
         if sampling.greedy:
@@ -264,7 +247,7 @@ def test_hybrid_targets_batch_their_recurrent_state(hybrid, arch, strategy):
         convs = [engine.conversation() for _ in PROMPTS]
         assert batchable(convs)
         committed = [checked(c) for c in convs]
-        ends, sizes = lockstep(turns_of(convs, PROMPTS, max_tokens=24))
+        ends, sizes, _ = lockstep(convs, PROMPTS, max_tokens=24)
     assert max(sizes) == len(PROMPTS)
     for prompt, got, want in zip(PROMPTS, ends, alone, strict=True):
         assert_same_or_near_tie(target, prompt, list(got.tokens), list(want.tokens))
@@ -283,31 +266,17 @@ def test_a_long_prefill_lets_running_rounds_through(load, monkeypatch):
     long = (OTHER * 4)[:50]
     alone = [run(engine.conversation(), prompt=p, max_tokens=24)[0] for p in (PROMPT[:6], long)]
     convs = [engine.conversation() for _ in range(2)]
-    turns = turns_of(convs, [PROMPT[:6], long], max_tokens=24)
-    first = turns[0]
-    item = next(first)
-    while not isinstance(item, Verify):  # the short one is already running
-        item = next(first)
+    batch = Batch(engine.costbook)
+    first = batch.start(convs[0], PROMPT[:6], max_tokens=24, ignore_eos=True)
+    batch.step([first])  # the short one is already running
     chunks = []
-    ends, sizes = lockstep([_resumed(first, item), _counting(turns[1], chunks)])
+    second = Row(convs[1], _counting(steps(convs[1], long, max_tokens=24, ignore_eos=True),
+                                     chunks))
+    ends, sizes, _ = lockstep(convs, None, rows=[first, second])
     assert len(chunks) == 7  # 49 prompt tokens before the pending one, 8 at a time
     assert sizes[:6] == [1] * 6 and max(sizes) == 2  # its rounds ran during the long prefill
     for got, want in zip(ends, alone, strict=True):
         assert got.tokens == want.tokens
-
-
-def prefilled_together(turns):
-    """Advance the turns through their prompts, each step's chunks of all turns still
-    prefilling in one pass (prefill_together, as the server runs them). Returns the turns
-    from their first item after the prompt, and the rows of every prefill pass."""
-    items, sizes = [next(t) for t in turns], []
-    while paused := [i for i, item in enumerate(items) if isinstance(item, Pause)]:
-        done = prefill_together([items[i] for i in paused])
-        assert all(d is not None for d in done)  # they batch
-        sizes.append(len(paused))
-        for i, d in zip(paused, done, strict=True):
-            items[i] = turns[i].send(d)
-    return [_resumed(t, item) for t, item in zip(turns, items, strict=True)], sizes
 
 
 @pytest.mark.parametrize("which", ["shared-kv", "draft", "qwen3_5"])
@@ -331,24 +300,17 @@ def test_prompts_that_arrive_together_prefill_in_one_pass(load, hybrid, monkeypa
     convs = [engine.conversation() for _ in prompts]
     for c in convs:
         checked(c)
-    turns, sizes = prefilled_together(turns_of(convs, prompts, max_tokens=16))
-    assert sizes == [4, 3, 2]  # chunks of 8 of 21, 6, 18 and 11 tokens before the pending one
-    ends, _ = lockstep(turns)
+    ends, _, prefills = lockstep(convs, prompts, max_tokens=16)
+    assert prefills == [4, 3, 2]  # chunks of 8 of 21, 6, 18 and 11 tokens before the pending one
     for prompt, got, want in zip(prompts, ends, alone, strict=True):
         assert_same_or_near_tie(target, prompt, list(got.tokens), list(want.tokens))
 
 
-def _resumed(turn, item):
-    """A turn already advanced to `item`, as a generator from there."""
-    reply = yield item
-    while True:
-        reply = yield turn.send(reply)
-
-
 def _counting(turn, chunks):
+    """The turn, counting the prompt chunks it asks for."""
     reply = None
     while True:
         item = turn.send(reply)
-        if isinstance(item, Pause):
-            chunks.append(item.tokens)
+        if isinstance(item, PrefillDue):
+            chunks.append(len(item.chunk))
         reply = yield item

@@ -208,17 +208,17 @@ def test_auto_reaches_the_whole_block(pair, tmp_path):
     the verify costs that far."""
     from mlx_spec.engine import Engine
     from mlx_spec.engine.calibration import CalibrationStore
-    from mlx_spec.engine.costs import PAD_REACH
+    from mlx_spec.engine.costs import LONGEST_TIMED_PASS
     from mlx_spec.spec import AUTO_MAX_DRAFT
 
     target, tok, drafter = pair("random")
     engine = Engine(target, tok, drafter, draft_length="auto",
                     store=CalibrationStore(tmp_path))
-    assert engine.auto_ceiling == 15 > AUTO_MAX_DRAFT
+    assert engine.auto_max_draft == 15 > AUTO_MAX_DRAFT
     conv = engine.conversation()
     assert conv.max_draft == 15
-    engine.calibrate(AUTO_MAX_DRAFT)  # passes are timed to PAD_REACH (16) whatever it asks
-    assert engine.calibrated and len(engine.costs(15).verify) == 16 == PAD_REACH
+    engine.calibrate(AUTO_MAX_DRAFT)  # passes are timed to LONGEST_TIMED_PASS (16) whatever it asks
+    assert engine.calibrated and len(engine.costs(15).verify) == 16 == LONGEST_TIMED_PASS
     end, _ = run(conv, prompt=PROMPT, max_tokens=24)
     assert end.stats.adaptive and len(end.stats.per_position_drafted) == 15
 

@@ -1,15 +1,17 @@
 """The house rules of the tree, read from the source (no imports run): no import cycles between
-modules, nothing importing up a floor, hub/ and the UI-side modules free of MLX, every file at
-most 450 lines. docs/DESIGN.md's "Layout" says what each floor is for."""
+modules and nothing importing up a floor (type-only imports count: a circle drawn for the type
+checker is still a circle), hub/ and the UI-side modules free of MLX, every file at most 600
+lines (over 450 is flagged for review). docs/DESIGN.md's "Layout" says what each floor is for."""
 
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("mlx_spec", "mlx_spec_app", "benchmarks")
-MAX_LINES = 450
+REVIEW_LINES, MAX_LINES = 450, 600
 
 # floor of each module (the longest prefix listed decides): a module may import its own floor
 # or below, never above
@@ -18,7 +20,23 @@ FLOORS = {
     "mlx_spec.drafters": 1,
     "mlx_spec.hub": 1,
     "mlx_spec.gguf": 1,
-    "mlx_spec.engine": 2,
+    # engine/, bottom up: the measurements, policies and round messages (data); one chat's
+    # state and verbs; what drives it (one turn, several at once); the cycle over a batch;
+    # the Engine façade (and the package's own __init__)
+    "mlx_spec.engine": 2.4,
+    "mlx_spec.engine.costs": 2.0,
+    "mlx_spec.engine.calibration": 2.0,
+    "mlx_spec.engine.costbook": 2.0,
+    "mlx_spec.engine.adaptive": 2.0,
+    "mlx_spec.engine.batch_length": 2.0,
+    "mlx_spec.engine.schedule": 2.0,
+    "mlx_spec.engine.rounds": 2.0,
+    "mlx_spec.engine.conversation": 2.1,
+    "mlx_spec.engine.turn": 2.2,
+    "mlx_spec.engine.batch": 2.2,
+    "mlx_spec.engine.cycle": 2.3,
+    "mlx_spec.engine.engine": 2.4,
+    "mlx_spec.engine.acceptance": 2.5,  # measures an Engine (the trainer's and the bench's)
     "mlx_spec.loading": 3,
     "mlx_spec.distributed": 3,
     "mlx_spec.service": 4,
@@ -35,6 +53,9 @@ FLOORS = {
     "mlx_spec.cli_bench": 7,
     "benchmarks": 8,  # the project's lab, run from a checkout: outside the wheel
 }
+# a package's own __init__ where it is a façade over floors above its modules': mlx_spec's
+# public API names (lazily, PEP 562) what the engine, loading and the service define
+FACADES = {"mlx_spec": 5.5}  # (the app, floor 6, uses only it)
 # import no MLX when imported (the UI's process loads these); hub/ none even lazily
 NO_MLX = ("mlx_spec.hub", "mlx_spec.spec", "mlx_spec.kinds", "mlx_spec.layouts",
           "mlx_spec.errors", "mlx_spec.events", "mlx_spec.stats", "mlx_spec.service",
@@ -52,16 +73,12 @@ def modules() -> dict[str, Path]:
 
 
 def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """Every module of ours that `name` imports at run time, lazily inside functions too
-    (imports under `if TYPE_CHECKING:` are types only, and skipped)."""
+    """Every module of ours that `name` imports: at run time, lazily inside functions, and for
+    the type checker alone (under `if TYPE_CHECKING:`)."""
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -114,7 +131,9 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def floor(name: str) -> int:
+def floor(name: str) -> float:
+    if name in FACADES:
+        return FACADES[name]
     best = max((p for p in FLOORS if name == p or name.startswith(p + ".")), key=len)
     return FLOORS[best]
 
@@ -159,10 +178,14 @@ def _module_level(tree: ast.Module):
             todo += [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
 
 
-def test_every_file_is_at_most_450_lines():
-    long = {str(p.relative_to(ROOT)): n for p in modules().values()
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}
+def test_every_file_is_at_most_600_lines_and_over_450_is_flagged():
+    """A file split by its reasons, not by a cap: 450 lines asks a reviewer to look, 600 fails."""
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+             for p in modules().values()}
+    flagged = {f: n for f, n in sizes.items() if n > REVIEW_LINES}
+    if flagged:
+        warnings.warn(f"over {REVIEW_LINES} lines, for review: {flagged}", stacklevel=1)
+    assert {f: n for f, n in flagged.items() if n > MAX_LINES} == {}
 
 
 def test_the_checks_see_a_cycle_and_a_floor_crossing():
@@ -170,3 +193,22 @@ def test_the_checks_see_a_cycle_and_a_floor_crossing():
     engine crosses a floor."""
     assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
     assert floor("mlx_spec.engine.turn") > floor("mlx_spec.stats")
+    assert floor("mlx_spec.engine.turn") > floor("mlx_spec.engine.conversation")
+
+
+def test_type_only_imports_count():
+    """A circle drawn only under TYPE_CHECKING is found (it was skipped before)."""
+    import textwrap
+
+    source = textwrap.dedent("""
+        from typing import TYPE_CHECKING
+        if TYPE_CHECKING:
+            from mlx_spec.engine.turn import play
+    """)
+    path = ROOT / "tests" / "_layout_probe.py"
+    try:
+        path.write_text(source)
+        found = imports("mlx_spec.engine.conversation", path, modules())
+    finally:
+        path.unlink()
+    assert "mlx_spec.engine.turn" in found

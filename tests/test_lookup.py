@@ -170,9 +170,8 @@ class Recorder:
 
     def __init__(self, k: int):
         self.k, self.observed, self.aged, self.plain = k, [], 0, []
-        self.cap = None
 
-    def choose(self, limit=None):
+    def choose(self, limit=None, *, cap=None):
         return min(self.k, limit)
 
     def split(self):
@@ -227,8 +226,7 @@ def test_a_round_the_engine_gave_the_model_is_not_copied(load):
     assert conv.copy_ready()
     ctx = conv.draft_context()
     assert d.draft(conv.drafter_state, ctx, 4, Sampler(SamplingConfig())).copied
-    conv.may_copy = False
-    ctx = conv.draft_context()
+    ctx = conv.draft_context(copy=False)
     assert not d.draft(conv.drafter_state, ctx, 4, Sampler(SamplingConfig())).copied
     rows = d.draft_rows([conv.drafter_state], [ctx], [4], [Sampler(SamplingConfig())])
     assert rows is not None and not rows[0].copied
@@ -244,9 +242,8 @@ def test_a_copys_k_that_meets_no_copy_is_drafted_to_the_models_own_reach(load):
     d = LookupFirst(make_head(target, "shared-kv"))
     conv = conversation(target, tok, d, draft_length="auto")
     conv.prefill(looping_prompt())
-    conv.may_copy = False  # (as when no copy is there)
-    ctx = conv.draft_context()
-    assert ctx.model_reach == conv.max_draft == 8
+    ctx = conv.draft_context(copy=False)  # (as when no copy is there)
+    assert ctx.model_max_draft == conv.max_draft == 8
     alone = d.draft(conv.drafter_state, ctx, 15, Sampler(SamplingConfig()))
     rows = d.draft_rows([conv.drafter_state], [ctx], [15], [Sampler(SamplingConfig())])
     assert alone.k == 8 and not alone.copied and rows is not None and rows[0].k == 8

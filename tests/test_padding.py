@@ -9,8 +9,9 @@ import pytest
 from helpers import PROMPT, assert_same_or_near_tie, checked, conversation, padded, run
 
 from mlx_spec.drafters import DraftModelDrafter
+from mlx_spec.engine import Engine
 from mlx_spec.engine.calibration import CalibrationStore
-from mlx_spec.engine.costs import PAD_REACH, TargetCosts, pad_targets
+from mlx_spec.engine.costs import LONGEST_TIMED_PASS, TargetCosts, pad_targets
 from mlx_spec.sampling import SamplingConfig
 
 
@@ -38,8 +39,9 @@ def test_padded_verify_passes_keep_greedy_identity_and_every_state(load, monkeyp
     end, _ = run(conv)
     assert_same_or_near_tie(target, PROMPT, list(end.tokens), list(want.tokens))
     assert len(rounds) == end.stats.target_passes and end.stats.acceptance_rate > 0.9
-    assert set(fed[-len(rounds):]) <= {PAD_REACH, 1}  # every verify padded (1: a plain step)
-    assert fed.count(PAD_REACH) >= len(rounds) - 1
+    # every verify padded (1: a plain step)
+    assert set(fed[-len(rounds):]) <= {LONGEST_TIMED_PASS, 1}
+    assert fed.count(LONGEST_TIMED_PASS) >= len(rounds) - 1
 
 
 def test_padded_sampled_rounds_keep_every_state(load, monkeypatch):
@@ -55,10 +57,10 @@ def test_padded_sampled_rounds_keep_every_state(load, monkeypatch):
 
 def test_calibration_times_passes_to_the_padding_reach(load, tmp_path):
     target, tok = load("llama")
-    conv = conversation(target, tok, DraftModelDrafter(target, target), draft_length=2,
-                        store=CalibrationStore(tmp_path))
-    conv.engine.calibrate(2)
-    costs = conv.engine.costs(2)
-    assert len(costs.pad_to) == PAD_REACH and costs.max_draft == 2
-    assert all(q <= p <= PAD_REACH for q, p in enumerate(costs.pad_to, 1))
+    engine = Engine(target, tok, DraftModelDrafter(target, target), draft_length=2,
+                    store=CalibrationStore(tmp_path))
+    engine.calibrate(2)
+    costs = engine.costs(2)
+    assert len(costs.pad_to) == LONGEST_TIMED_PASS and costs.max_draft == 2
+    assert all(q <= p <= LONGEST_TIMED_PASS for q, p in enumerate(costs.pad_to, 1))
     assert list(costs.verify) == sorted(costs.verify)

@@ -59,7 +59,7 @@ def drive(policy: AdaptiveDraftLength, verify=steep, rounds: int = 40) -> list[i
 def best(policy: AdaptiveDraftLength, round_cost) -> int:
     """argmax_k E(k) / T(k) on the policy's own acceptance evidence and the costs given."""
     expected = expected_by_k(policy.alphas())
-    return max(range(1, policy.k_max + 1), key=lambda k: expected[k] / round_cost(k))
+    return max(range(1, policy.max_draft + 1), key=lambda k: expected[k] / round_cost(k))
 
 
 def test_a_flat_prior_learns_a_steep_targets_shape_and_chooses_as_the_true_costs_do():
@@ -72,7 +72,7 @@ def test_a_flat_prior_learns_a_steep_targets_shape_and_chooses_as_the_true_costs
         policy.observe(k, min(k, RUNS[i]), k * DRAFT, verify_seconds=steep(k + 1))
     true = lambda k: k * DRAFT + steep(k + 1)  # noqa: E731 - the loop's real round time
     assert best(policy, policy.round_cost) == best(policy, true) == 5
-    for k in range(1, policy.k_max + 1):
+    for k in range(1, policy.max_draft + 1):
         assert policy.round_cost(k) == pytest.approx(true(k), rel=0.03), k
     assert policy.slowdown * policy.costs[8] == pytest.approx(steep(9), rel=0.03)
 

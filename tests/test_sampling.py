@@ -13,10 +13,10 @@ from mlx_spec.sampling import (
     Verdict,
     acceptance_chances,
     categorical,
+    greedy_verdict,
     penalize,
     probabilities,
     rejection_sample,
-    verify_greedy,
 )
 
 V, K, N = 6, 3, 60_000
@@ -139,11 +139,11 @@ def test_negative_control_exact_match_sampling_is_not_p():
 
 def test_greedy_accepts_longest_matching_prefix():
     logits = mx.array(np.eye(5, 8) * 5.0)  # argmax of row i is i
-    v = verify_greedy(logits, [0, 1, 7, 3])
+    v = greedy_verdict(logits, [0, 1, 7, 3])
     assert (v.num_accepted, v.token) == (2, 2)
-    v = verify_greedy(logits, [0, 1, 2, 3])
+    v = greedy_verdict(logits, [0, 1, 2, 3])
     assert (v.num_accepted, v.token) == (4, 4)
-    v = verify_greedy(logits, [5, 1])
+    v = greedy_verdict(logits, [5, 1])
     assert (v.num_accepted, v.token) == (0, 0)
 
 
@@ -300,7 +300,7 @@ def _assert_cut_rows_are_drawn_exactly(logits, cfg, p, cut):
         plain.append(sampler.redraw(logits[:1], []))
         draft, q = sampler.draft_token(logits[0], [])
         assert int((np.array(q) > 0).sum()) == cut  # what the draft was really drawn from
-        spec.append(sampler.verify(logits, [], draft.reshape(1), q[None]).tokens[0])
+        spec.append(sampler.verdict(logits, [], draft.reshape(1), q[None]).tokens[0])
     live = p > 0
     for draws in (plain, spec):
         counts = np.bincount(draws, minlength=len(p))

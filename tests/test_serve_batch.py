@@ -17,7 +17,7 @@ from published import build_pair, write_checkpoint
 from test_batch import near_copy
 from test_mtp import make_drafter as make_head_drafter
 
-import mlx_spec.serve.scheduler as scheduler_module
+import mlx_spec.engine.cycle as cycle_module
 from mlx_spec.drafters import DraftModelDrafter, NgramDrafter
 from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.engine import Engine
@@ -158,11 +158,11 @@ def served_together(engine: Engine, prompts, max_tokens, monkeypatch, batch_cost
         passes.append((len(rounds), [draft.k for _, draft in rounds]))
         return verify_together(rounds)
 
-    monkeypatch.setattr(scheduler_module, "verify_together", recorded)
+    monkeypatch.setattr(cycle_module, "verify_together", recorded)
     monkeypatch.setattr(AdaptiveDraftLength, "round_costs",
                         lambda self, top: [1.0] * (top + 1))  # alone: drafting always pays
     scheduler = Scheduler(engine, max_concurrency=len(prompts))
-    monkeypatch.setattr(scheduler.batch, "cycle_costs", lambda rows, top, drafting, costs: [
+    monkeypatch.setattr(scheduler.batch.length, "cycle_costs", lambda rows, top, drafting, costs: [
         batch_costs(rows, k) for k in range(top + 1)])
     try:
         jobs = [scheduler.submit(p, max_tokens=max_tokens, sampling=SamplingConfig())
@@ -195,7 +195,8 @@ def test_auto_drafts_as_the_batch_pays_and_stays_greedy_identical(engines, monke
         for ks in batched:
             opened[len(ks)] = opened.get(len(ks), 0) + (max(ks) > 0)
         assert all(n <= OPENING_DRAFTED for n in opened.values()), passes
-        assert all(k == 0 for ks in batched[OPENING_DRAFTED + 1 :] if len(ks) == 4 for k in ks)
+        late = batched[OPENING_DRAFTED + 1 :]
+        assert all(k == 0 for ks in late if len(ks) == 4 for k in ks), str(passes)
     else:
         assert any(k > 0 for ks in batched for k in ks), passes
     for prompt, tokens in zip(PROMPTS, got, strict=True):
@@ -211,12 +212,12 @@ def test_a_batched_draft_that_fails_leaves_each_request_to_draft_alone(engines, 
     import copy
     from dataclasses import replace
 
-    from mlx_spec.serve import scheduler as sched
+    from mlx_spec.engine import cycle as sched
 
     failed = []
 
     def broken(rounds):
-        real([replace(r, sampler=copy.deepcopy(r.sampler)) for r in rounds])
+        real([(conv, replace(due, sampler=copy.deepcopy(due.sampler))) for conv, due in rounds])
         if len(rounds) > 1 and not failed:
             failed.append(len(rounds))
             raise RuntimeError("a batched draft failed")

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from mlx_spec.engine import Engine
+from mlx_spec.engine.cycle import Row
 from mlx_spec.events import Kind, TokenEvent, TurnEnd, TurnStats
 from mlx_spec.loading import load_target
 from mlx_spec.serve import Server
@@ -73,7 +74,7 @@ def scripted(monkeypatch):
         yield TurnEnd(stats, "stop", tuple([0] * len(pieces)))
 
     def start(self, job):  # a real (target-only) conversation, its turn replaced
-        return _Running(job, self.engine.conversation(), events(job))
+        return _Running(job, Row(self.engine.conversation(), events(job)))
 
     monkeypatch.setattr(Scheduler, "_start", start)
     return prompts

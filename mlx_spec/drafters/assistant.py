@@ -39,7 +39,7 @@ from ..errors import ModelLoadError, TokenizerMismatchError
 from ..layouts import gemma4_text as normalized_text
 from ..model import TargetModel
 from ..sampling import Sampler
-from .base import Draft, DraftContext, draft_chain
+from .base import Draft, DraftContext, Drafter, draft_chain
 from .mtp import last_keys, target_kv
 from .weights import load_exactly, one_line_errors, read_safetensors
 
@@ -176,9 +176,10 @@ class AssistantState:
         return [self.h] if self.h is not None else []
 
 
-class AssistantDrafter:
+class AssistantDrafter(Drafter):
     name = "draft-assistant"  # of kind "draft": what --draft-model DIR loads
     needs_hidden = True
+    reads_target_kv = True  # its attention reads the target's last layers' KV
 
     def __init__(self, module: Gemma4Assistant, cfg: AssistantConfig, target: TargetModel):
         check_fits(cfg, target)

@@ -52,7 +52,7 @@ class DraftContext:
     hidden: mx.array | None = None
     hidden_start: int = 0
     copy: bool = True  # a lookup drafter may copy this round (False: the engine chose its model)
-    model_reach: int | None = None  # the most a model (not a copy) drafts: a copy's k, chosen
+    model_max_draft: int | None = None  # the most a model (not a copy) drafts: a copy's k, chosen
     # a token ahead, may meet no copy when the round drafts (None: no limit but k)
 
 
@@ -70,30 +70,55 @@ class DrafterState(Protocol):
         """The state's arrays (evaluated by the engine at the end of every turn)."""
 
 
-class Drafter(Protocol):
-    """What every drafter does. One may also have `draft_rows(states, ctxs, ks, samplers) ->
-    list[Draft] | None`: several conversations' drafts in one chain of steps over all their
-    rows (batch.draft_together; None where these rows cannot, and each drafts alone); and
-    `copy_ready(state, tokens) -> bool`: the next draft would be a copy (lookup.py), so the
-    engine chooses its length by the copies' own record."""
+class Drafter:
+    """What every drafter is. A subclass implements `new_state`, `commit`, `draft` and `nbytes`,
+    and declares what else it can do by overriding the attributes and methods below; their
+    defaults mean "nothing special", and the engine reads these declarations (it never probes a
+    drafter with getattr)."""
 
-    name: str
+    name: str = "drafter"
     # does commit() need the target's hidden states? True: the final ones; (i, j, ...): the
     # inputs of those layers, side by side (EAGLE-3)
-    needs_hidden: bool | tuple[int, ...]
+    needs_hidden: bool | tuple[int, ...] = False
+    # the draft length its files give (a Gemma 4 assistant's, a published head's trained depth);
+    # None: `auto` chooses
+    default_k: int | None = None
+    # the longest draft it can make (a DFlash block less its pending token; auto's ceiling rises
+    # to it); None: as long as asked
+    max_k: int | None = None
+    # may its next draft be a copy of the conversation's own text (lookup.py)? Then copy_ready
+    # says when, and the engine prices copied rounds by their own record
+    copies: bool = False
+    # does it read the target's own KV cache (a shared-KV head, Gemma 4's assistant)? Such a
+    # drafter cannot follow a target split over machines
+    reads_target_kv: bool = False
 
     def new_state(self) -> DrafterState:
         """The state of an empty conversation."""
+        raise NotImplementedError
 
     def commit(self, state: Any, ctx: DraftContext, valid: int) -> None:
         """The committed sequence is ctx.tokens; only its first `valid` tokens are positions the
         drafter may have seen before. Drop all of `state` beyond them."""
+        raise NotImplementedError
 
     def draft(self, state: Any, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
         """Propose up to k tokens following ctx.tokens."""
+        raise NotImplementedError
 
     def nbytes(self) -> int:
         """Memory of the weights (shared by every conversation)."""
+        raise NotImplementedError
+
+    def draft_rows(self, states: list[Any], ctxs: list[DraftContext], ks: list[int],
+                   samplers: list[Sampler]) -> list[Draft] | None:
+        """Several conversations' drafts in one chain of steps over all their rows
+        (batch.draft_together). None: it cannot, and each drafts alone (the default)."""
+        return None
+
+    def copy_ready(self, state: Any, tokens: list[int]) -> bool:
+        """Would the next draft be a copy (see `copies`)?"""
+        return False
 
 
 class HostState:

@@ -34,7 +34,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 from ..errors import ModelLoadError, TokenizerMismatchError
 from ..model import TargetModel
 from ..sampling import Sampler
-from .base import Draft, DraftContext
+from .base import Draft, DraftContext, Drafter
 from .eagle3 import MLP
 from .weights import load_exactly, one_line_errors, read_safetensors
 
@@ -251,7 +251,7 @@ class DFlashState:
         return [stored(c) for c in self.context if c.offset]
 
 
-class DFlashDrafter:
+class DFlashDrafter(Drafter):
     """A DFlash block drafter on `target` (see the module doc)."""
 
     name = "draft-dflash"  # (a --draft-model kind)

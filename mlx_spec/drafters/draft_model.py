@@ -19,7 +19,7 @@ from ..model import TargetModel
 from ..rows import rows_of
 from ..sampling import Sampler
 from ..vocab import check_same
-from .base import Draft, DraftContext, draft_chain, draft_rows_chain
+from .base import Draft, DraftContext, Drafter, draft_chain, draft_rows_chain
 
 ROWS_CATCH_UP = 16  # the longest catch-up a row may bring into a batched draft
 
@@ -41,7 +41,7 @@ class DraftModelState:
         return [c.state for c in self.cache]
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     name = "draft"
     needs_hidden = False
 

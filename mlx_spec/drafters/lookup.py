@@ -39,17 +39,19 @@ class LookupState:
         return self.inner.arrays()
 
 
-class LookupFirst:
+class LookupFirst(Drafter):
+    copies = True
+
     def __init__(self, inner: Drafter, *, min_match: int = MIN_MATCH):
         self.inner = inner
         self.ngram = NgramDrafter(max_ngram=max(4, min_match), min_ngram=min_match)
         self.name = f"{inner.name}+lookup"
         self.needs_hidden = inner.needs_hidden
 
-    def __getattr__(self, name: str) -> Any:  # default_k, max_k: the model drafter's own
-        if name in ("default_k", "max_k"):
-            return getattr(self.inner, name)
-        raise AttributeError(name)
+    # the model drafter's own declarations
+    default_k = property(lambda self: self.inner.default_k)
+    max_k = property(lambda self: self.inner.max_k)
+    reads_target_kv = property(lambda self: self.inner.reads_target_kv)
 
     def new_state(self) -> LookupState:
         return LookupState(self.inner.new_state(), self.ngram.new_state())
@@ -77,10 +79,10 @@ class LookupFirst:
         rest = [r for r, copy in enumerate(copies) if not copy]
         drafted: list[Draft] = []
         if rest:
-            rows = getattr(self.inner, "draft_rows", None)
-            drafted = rows([states[r].inner for r in rest], [ctxs[r] for r in rest],
-                           [_model_k(ks[r], ctxs[r]) for r in rest],
-                           [samplers[r] for r in rest]) if rows else None
+            drafted = self.inner.draft_rows([states[r].inner for r in rest],
+                                            [ctxs[r] for r in rest],
+                                            [_model_k(ks[r], ctxs[r]) for r in rest],
+                                            [samplers[r] for r in rest])
             if drafted is None:
                 return None
         by_row = dict(zip(rest, drafted, strict=True))
@@ -94,4 +96,4 @@ class LookupFirst:
 
 def _model_k(k: int, ctx: DraftContext) -> int:
     """What the model drafts where a copy was wanted and none is there (copies reach further)."""
-    return k if ctx.model_reach is None else min(k, ctx.model_reach)
+    return k if ctx.model_max_draft is None else min(k, ctx.model_max_draft)

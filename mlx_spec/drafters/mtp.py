@@ -35,7 +35,7 @@ from ..errors import ModelLoadError, TokenizerMismatchError, first_line
 from ..model import TargetModel
 from ..sampling import Sampler
 from . import nextn
-from .base import Draft, DraftContext, draft_chain, draft_rows_chain
+from .base import Draft, DraftContext, Drafter, draft_chain, draft_rows_chain
 from .hidden import HiddenHistory
 from .nextn import NextNHead
 
@@ -200,7 +200,7 @@ class MTPState:
                                                 else [])
 
 
-class MTPDrafter:
+class MTPDrafter(Drafter):
     name = "mtp"
     needs_hidden = True
 
@@ -225,6 +225,7 @@ class MTPDrafter:
         if cfg.kind == "shared-kv":
             layer = target.model.layers[cfg.kv_layer].self_attn
             self.rope = layer.rope  # the target's own RoPE, so positions match its keys exactly
+            self.reads_target_kv = True
             self.name = "mtp"
         elif cfg.kind != "eagle3":
             self.name = "mtp-deepseek" if cfg.kind == "deepseek" else "mtp"
@@ -360,10 +361,10 @@ class MTPDrafter:
 
     def compiled(self):
         """The shared-KV head's step as one compiled graph (mx.compile): ~45 small ops fused
-        and traced once, about half a step's time on a CPU (1.2 → 0.6 ms on the widened bench
-        target). Its weights are inputs, read at every call (a head still training is never
-        stale); keys and values come whole, a cache's 256-entry buffer with the entries past
-        its offset masked, so it traces again once per 256 entries, not every round."""
+        and traced once (on a CPU it halved a step). Its weights are inputs, read at every
+        call (a head still training is never stale); keys and values come whole, a cache's
+        256-entry buffer with the entries past its offset masked, so it traces again once per
+        256 entries, not every round."""
         if self._compiled is None:
             head, rope = self.head, self.rope
 

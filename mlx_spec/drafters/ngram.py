@@ -13,7 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..sampling import Sampler
-from .base import Draft, DraftContext, HostState
+from .base import Draft, DraftContext, Drafter, HostState
 
 
 class NgramState(HostState):
@@ -24,7 +24,7 @@ class NgramState(HostState):
         self.indexed = 0  # positions < indexed have had their n-grams recorded
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     name = "ngram"
     needs_hidden = False
 

@@ -69,15 +69,15 @@ class AdaptiveDraftLength:
         # verify passes (q = k + 1, seconds) as the sums Σw, Σw·q, Σw·q², Σw·v, Σw·q·v
         self.prior_slope = (self.costs[-1] / self.costs[0] - 1) / max(len(self.costs) - 1, 1)
         self.shape, self.shape_weight = [0.0] * 5, shape_weight
-        self.k_max = len(self.costs) - 1
+        self.max_draft = len(self.costs) - 1
         self.plain_timed = False  # has a plain run refined r0 yet?
         self.opening_due = False  # on a prior: plain tokens owed once its shape is known
         self.shaped = False  # has a prior's shape been replaced by measured passes?
         self.opening_rounds = 0  # drafting rounds while the opening was due
         self.scaled = False  # has a prior's scale been replaced by a measured pass?
         # α_i as (accepted, seen) with exponential forgetting; priors enter in alphas()
-        self.accepted = [0.0] * self.k_max
-        self.seen = [0.0] * self.k_max
+        self.accepted = [0.0] * self.max_draft
+        self.seen = [0.0] * self.max_draft
         self.prior, self.prior_weight, self.depth_weight = prior, prior_weight, depth_weight
         self.long, self.long_keep = (0.0, 0.0), long_keep  # α_1's long-run (accepted, seen)
         self.optimism = optimism  # standard errors added to each α for the on/off decision
@@ -87,7 +87,7 @@ class AdaptiveDraftLength:
         # Σw, Σw·k, Σw·k², Σw·t, Σw·k·t of a weighted least-squares line (see fitted_line)
         self.fit = [0.0] * 5
         # the same rounds' (Σw, Σw·t) at each k, for the k's the line misprices (on_the_line)
-        self.timed = [[0.0, 0.0] for _ in range(self.k_max + 1)]
+        self.timed = [[0.0, 0.0] for _ in range(self.max_draft + 1)]
         self.table_weight = table_weight
         self.fit_keep, self.slope_weight = fit_keep, slope_weight
         # p: plain decoding's calibrated seconds per token; pipelined, it cannot cost more than
@@ -106,9 +106,6 @@ class AdaptiveDraftLength:
         self.plain_gap, self.since_plain = plain_every, 0  # rounds between plain probes
         self.probe_gap = probe_every  # rounds between probes while off (see choose)
         self.probe_budget = probe_budget  # a probe's loss, as a share of the time between
-        # the most drafts the batch this round verifies in allows (BatchDraftLength; None:
-        # verified alone, so nothing but this policy decides)
-        self.cap: int | None = None
         self.batched = False  # the last choice was made under a cap (its round is batched)
         if not measured:
             self.opening()
@@ -137,13 +134,13 @@ class AdaptiveDraftLength:
                 for a, s, w in zip(alphas, self.seen, self._weights(), strict=True)]
 
     def _weights(self) -> list[float]:
-        return [self.prior_weight] + [self.depth_weight] * (self.k_max - 1)
+        return [self.prior_weight] + [self.depth_weight] * (self.max_draft - 1)
 
     def expected_tokens(self, k: int) -> float:
         return expected_by_k(self.alphas())[k]
 
     def expected(self) -> list[float]:
-        """E(k) for k = 0..k_max, from the estimates themselves."""
+        """E(k) for k = 0..max_draft, from the estimates themselves."""
         return expected_by_k(self.alphas())
 
     def model_cost(self, k: int) -> float:
@@ -170,27 +167,29 @@ class AdaptiveDraftLength:
         toward the model's b0 = d/r + c' (c's line) by `slope_weight` rounds one k apart: rounds
         all at one k fix the level, rounds at other k (exploration, climbs) correct b."""
         line = smooth_linear(self.costs)
-        b0 = self.draft_cost / self.slowdown + (line[-1] - line[0]) / max(self.k_max, 1)
+        b0 = self.draft_cost / self.slowdown + (line[-1] - line[0]) / max(self.max_draft, 1)
         return shrunk_line(self.fit, b0, self.slope_weight)
 
     def steps(self) -> list[float]:
         """s(k): c's steps off its line (costs.steps_off_line); 0 on a prior (not ours)."""
-        return steps_off_line(self.costs) if self.measured else [0.0] * (self.k_max + 1)
+        return steps_off_line(self.costs) if self.measured else [0.0] * (self.max_draft + 1)
 
     def rate(self, k: int) -> float:
         """Expected tokens per second with k drafts."""
         return self.expected_tokens(k) / self.round_cost(k)
 
-    def choose(self, limit: int | None = None) -> int:
-        top = self.k_max if limit is None else min(self.k_max, limit)
-        self.batched = self.cap is not None
-        if self.cap is not None:
+    def choose(self, limit: int | None = None, *, cap: int | None = None) -> int:
+        """The next round's k, at most `limit`; cap: the most drafts the batch this round
+        verifies in allows (BatchDraftLength; None: verified alone, this policy decides)."""
+        top = self.max_draft if limit is None else min(self.max_draft, limit)
+        self.batched = cap is not None
+        if cap is not None:
             # in a batch the batch has priced the cycle (BatchDraftLength: its pass, every
             # row's drafting, every row's acceptance): this row drafts up to the cap, as deep
             # as its evidence reaches; its own costs are a lone row's and stay untouched, its
             # on/off state kept for when it is alone again. A cap of 0: plain, no probe (it
             # would widen every row's pass)
-            return min(top, self.cap, self.reach())
+            return min(top, cap, self.reach())
         cost = self.round_costs(top)
         alphas = self.alphas()
         expected = expected_by_k(alphas)
@@ -256,8 +255,8 @@ class AdaptiveDraftLength:
         rounds that get there, their evidence ages with the text, and a climb one depth a round
         started after every phase change of a looping text (auto replayed at 0.86 of k = 8 on
         the bench prompts' recorded runs at flat round costs, 0.96 with GUESS)."""
-        measured = next((i for i, s in enumerate(self.seen) if s < 1.0), self.k_max)
-        top = self.k_max if top is None else min(top, self.k_max)
+        measured = next((i for i, s in enumerate(self.seen) if s < 1.0), self.max_draft)
+        top = self.max_draft if top is None else min(top, self.max_draft)
         reach = min(top, measured + 1)
         if cost is None:
             return reach
@@ -297,9 +296,9 @@ class AdaptiveDraftLength:
             self.r_timed = True
             if not self.measured:  # and its shape, once two lengths are timed
                 self._learn_shape(k + 1, verify_seconds)
-        if k and draft_seconds is not None and fed <= self.k_max + 1:  # not a catch-up
+        if k and draft_seconds is not None and fed <= self.max_draft + 1:  # not a catch-up
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * draft_seconds / k
-        if round_seconds is not None and draft_seconds is None and fed <= self.k_max + 1:
+        if round_seconds is not None and draft_seconds is None and fed <= self.max_draft + 1:
             # o is what the model leaves unexplained (it may be < 0: overlap the sync saves);
             # only fused rounds, the loop as it runs (a split round pays a sync of its own)
             rest = round_seconds - k * self.draft_cost - self.slowdown * self.costs[k]
@@ -390,9 +389,9 @@ class AdaptiveDraftLength:
     def _lead(self) -> float:
         """How far speculation leads plain decoding, read as the on/off decision reads it
         (α one standard error high while on): max_k (E(k)/T(k)) · T(0)."""
-        cost, alphas = self.round_costs(self.k_max), self.alphas()
+        cost, alphas = self.round_costs(self.max_draft), self.alphas()
         expected = expected_by_k(self.optimistic(alphas) if self.on else alphas)
-        return max(expected[k] / cost[k] for k in range(1, self.k_max + 1)) * cost[0]
+        return max(expected[k] / cost[k] for k in range(1, self.max_draft + 1)) * cost[0]
 
     def opening(self) -> None:
         """On a prior: the first drafting rounds are timed in parts (the first verify pass
@@ -417,7 +416,7 @@ class AdaptiveDraftLength:
         self.slowdown = self.plain_drift = 1.0
         self.r_timed = False
         self.fit, self.overhead, self.rounds_drafted = [0.0] * 5, 0.0, 0
-        self.timed = [[0.0, 0.0] for _ in range(self.k_max + 1)]
+        self.timed = [[0.0, 0.0] for _ in range(self.max_draft + 1)]
         self.shape = [0.0] * 5
         self.draft_cost = 0.1 * self.costs[0]
         self.measured, self.plain_timed = True, False
@@ -429,7 +428,7 @@ class AdaptiveDraftLength:
         this turn's text at once — unless it could not pay even if every draft were accepted
         (there the probes keep spacing out)."""
         self._fade(self.carry)
-        if not self.on and not self._cost_bound(self.round_costs(self.k_max)):
+        if not self.on and not self._cost_bound(self.round_costs(self.max_draft)):
             self.rounds_off = self.probe_gap
 
     @staticmethod

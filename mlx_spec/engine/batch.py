@@ -17,9 +17,6 @@ head or a draft model runs each draft step once over every row instead of once p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
@@ -27,19 +24,10 @@ from ..cache import WindowKVCache
 from ..drafters import Draft
 from ..recurrent import RecurrentCache
 from ..rows import rows_of
+from .conversation import Conversation
+from .rounds import PrefillDue, Prefilled, RoundDue
 
-if TYPE_CHECKING:
-    from .conversation import Conversation
-    from .turn import Drafting, Pause
-
-Verified = tuple[mx.array, mx.array | None]  # a round's logits [k+1, V], hidden [k+1, ·]
-
-
-@dataclass(frozen=True)
-class Prefilled:
-    """A driver ran a Pause's chunk (its cache took it): the chunk's hidden rows, if wanted."""
-
-    hidden: mx.array | None
+PassRows = tuple[mx.array, mx.array | None]  # a round's logits [k+1, V], hidden [k+1, ·]
 
 
 def batchable(convs: list[Conversation]) -> bool:
@@ -64,35 +52,36 @@ def forward_together(convs: list[Conversation], inputs: list[mx.array]):
     return convs[0].target.forward_rows(x, caches, hidden=convs[0].wants_hidden)
 
 
-def verify_together(rounds: list[tuple[Conversation, Draft]]) -> list[Verified]:
+def verify_together(rounds: list[tuple[Conversation, Draft]]) -> list[PassRows]:
     """Every round's verify pass: one target forward for all when they batch, else each its
-    own. Each conversation's bookkeeping is its own (Conversation.verified)."""
+    own. Each conversation's bookkeeping is its own (Conversation.took_pass)."""
     convs = [conv for conv, _ in rounds]
     if len(rounds) == 1 or not batchable(convs):
         return [conv.verify(draft) for conv, draft in rounds]
-    inputs = [conv.verify_input(draft) for conv, draft in rounds]
+    inputs = [conv.pass_input(draft) for conv, draft in rounds]
     lengths = [x.shape[0] for x in inputs]
     logits, hidden = forward_together(convs, inputs)
-    return [conv.verified(q, draft, logits[r, :q], hidden[r, :q] if hidden is not None else None)
+    return [conv.took_pass(q, draft, logits[r, :q], hidden[r, :q] if hidden is not None else None)
             for r, ((conv, draft), q) in enumerate(zip(rounds, lengths, strict=True))]
 
 
-def prefill_together(pauses: list[Pause]) -> list[Prefilled | None]:
+def prefill_together(chunks: list[tuple[Conversation, PrefillDue]]) -> list[Prefilled | None]:
     """Several conversations' next prompt chunks as ONE target forward when they batch (rows
     right-padded, each row's keys to its own cache, as a verify pass), each conversation's
     cache then sealed as its own chunk would leave it; else None for each (it runs alone).
-    On a CPU a 47-token prompt's pass is compute-bound, so four of them together save the
-    per-pass cost only: 474 → 330–363 ms on the bench's widened target."""
-    convs = [p.conv for p in pauses]
-    if len(pauses) < 2 or not batchable(convs):
-        return [None] * len(pauses)
-    lengths = [p.tokens for p in pauses]
-    _, hidden = forward_together(convs, [mx.array(p.chunk, dtype=mx.int32) for p in pauses])
+    A long chunk's pass is compute-bound on a CPU: together they save the per-pass cost only
+    (DESIGN.md, "Measurements behind the rules")."""
+    convs = [conv for conv, _ in chunks]
+    if len(chunks) < 2 or not batchable(convs):
+        return [None] * len(chunks)
+    lengths = [len(due.chunk) for _, due in chunks]
+    _, hidden = forward_together(convs, [mx.array(due.chunk, dtype=mx.int32)
+                                         for _, due in chunks])
     return [Prefilled(conv.prefilled(q, hidden[r, :q] if hidden is not None else None))
             for r, (conv, q) in enumerate(zip(convs, lengths, strict=True))]
 
 
-def draft_together(rounds: list[Drafting]) -> list[Draft]:
+def draft_together(rounds: list[tuple[Conversation, RoundDue]]) -> list[Draft]:
     """Every round's drafts: the rounds whose conversations share a drafter that drafts rows
     together (`draft_rows`) in one chain of its steps over all of them, the rest each alone
     (Conversation.draft). Each row draws its own k from its own sampler, so its drafts and
@@ -101,19 +90,21 @@ def draft_together(rounds: list[Drafting]) -> list[Draft]:
     draft apart (split), else left to run while the host builds the verify pass."""
     drafts: list[Draft | None] = [None] * len(rounds)
     groups: dict[int, list[int]] = {}
-    for i, r in enumerate(rounds):
-        groups.setdefault(id(r.conv.drafter), []).append(i)
+    for i, (conv, due) in enumerate(rounds):
+        if due.k and conv.drafter is not None:
+            groups.setdefault(id(conv.drafter), []).append(i)
     for members in groups.values():
-        convs = [rounds[i].conv for i in members]
-        rows = getattr(convs[0].drafter, "draft_rows", None)
-        got = None if len(members) < 2 or rows is None else rows(
-            [c.drafter_state for c in convs], [c.draft_context() for c in convs],
-            [rounds[i].k for i in members], [rounds[i].sampler for i in members])
+        convs, dues = [rounds[i][0] for i in members], [rounds[i][1] for i in members]
+        got = None if len(members) < 2 else convs[0].drafter.draft_rows(
+            [c.drafter_state for c in convs], [c.draft_context(copy=d.copy) for c, d in
+                                               zip(convs, dues, strict=True)],
+            [d.k for d in dues], [d.sampler for d in dues])
         if got is None:
             continue
         arrays = [a for d in got for a in (d.tokens, d.probs) if a is not None]
-        (mx.eval if any(rounds[i].split for i in members) else mx.async_eval)(arrays)
+        (mx.eval if any(d.split for d in dues) else mx.async_eval)(arrays)
         for i, d in zip(members, got, strict=True):
             drafts[i] = d
-    return [d if d is not None else r.conv.draft(r.k, r.sampler, split=r.split)
-            for d, r in zip(drafts, rounds, strict=True)]
+    return [d if d is not None else conv.draft(due.k, due.sampler, split=due.split,
+                                               copy=due.copy)
+            for d, (conv, due) in zip(drafts, rounds, strict=True)]

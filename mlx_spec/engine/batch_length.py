@@ -47,7 +47,7 @@ class BatchDraftLength:
     a + b·k by least squares over the cycles timed at that size (forgetting `keep` per
     cycle), its slope shrunk toward the model's
     b0 = Σ_r d_r + B·s with weight `slope_weight` (s: the calibrated c's slope per token, so
-    b0 extrapolates the one-row line c(1) + s·(q − 1) past its table, q ≤ k_max + 1). Where
+    b0 extrapolates the one-row line c(1) + s·(q − 1) past its table, q ≤ max_draft + 1). Where
     the pass turns compute-bound its slope grows past b0, and the cycles drafted at that size
     correct it. Cycles all at one k would leave the slope at b0, so now and then a cycle runs
     one draft below the best (k = 1 where the best is 0: b0 can read too steep, the pass of
@@ -55,7 +55,7 @@ class BatchDraftLength:
     its loss (1 − rate(other)/rate(best) of a cycle, as estimated) within `probe_budget` of
     the cycles between (at most one in `explore_every`). Each k's own timed mean is shrunk
     toward the line (costs.on_the_line): a pass over B·(k+1) tokens on a CPU steps with the
-    kernels' shapes (4 rows: 12 tokens ran 75 ms where 16 ran 65)."""
+    kernels' shapes."""
 
     def __init__(self, *, keep: float = 0.99, slope_weight: float = 0.5,
                  explore_every: int = 8, probe_budget: float = 0.01, table_weight: float = 8.0):
@@ -70,12 +70,12 @@ class BatchDraftLength:
     def cap(self, policies: Sequence[AdaptiveDraftLength],
             verify_costs: Sequence[float]) -> int | None:
         """The cap for a cycle over these rows' policies (None for fewer than two rows);
-        verify_costs: the calibrated c(q), q = 1..k_max + 1 (its slope gives b0)."""
+        verify_costs: the calibrated c(q), q = 1..max_draft + 1 (its slope gives b0)."""
         if len(policies) < 2:
             return None
         if len(policies) not in self.fits:
             return 0  # a batch size's first cycle: plain, its time is T_B(0)
-        top = min(p.k_max for p in policies)
+        top = min(p.max_draft for p in policies)
         tokens = self.expected_tokens(policies, top)
         drafting = sum(p.draft_cost for p in policies)
         seconds = self.cycle_costs(len(policies), top, drafting, verify_costs)

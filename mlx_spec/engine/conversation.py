@@ -6,55 +6,55 @@ State between rounds: `tokens`, the committed sequence. Its last token is *pendi
 has not run on it yet, so the target cache holds exactly tokens[:-1] (`cached` counts what the
 caches hold; the conversation keeps that count, since recurrent caches have no offset).
 
-Batching later: every verb reads and writes this object only (its tokens, caches, drafter
-state), and a round's inputs are device arrays, so a batch of conversations is a batched
-`verify` over their stacked [pending, d_1..d_k] with the caches of each, followed by each one's
-own `commit`; the turn loop (turn.py) and the schedule stay per conversation.
+Every verb reads and writes this object only (its tokens, caches, drafter state), and a
+round's inputs are device arrays, so a batch of conversations is one pass over their stacked
+[pending, d_1..d_k] with the caches of each (batch.py), followed by each one's own `commit`.
+A conversation does not drive itself: the turn loop (turn.py) and the batch driver (batch.py,
+cycle.py) call its verbs; it knows nothing of them, nor of the Engine (what it reads of the
+measured costs is a CostBook).
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Generator, Iterator
-from contextlib import closing
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Generator, Iterable, Iterator
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 
 from ..drafters.base import Draft, DraftContext, Drafter
-from ..events import Event
-from ..sampling import Sampler, SamplingConfig, Tokens
-from ..spec import DraftLength, auto_ceiling, check_draft_length, max_draft_for
+from ..model import TargetModel
+from ..sampling import Sampler, Tokens
+from ..spec import DraftLength, auto_max_draft, check_draft_length, max_draft_for
 from .adaptive import AdaptiveDraftLength
-from .batch import Prefilled
-from .costs import PAD_REACH
-from .turn import Drafting, Pause, Reply, Verify, play
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from .costbook import CostBook
+from .costs import LONGEST_TIMED_PASS
+from .rounds import PrefillDue, Prefilled
 
 PREFILL_CHUNK = 512
-COPY_REACH = PAD_REACH - 1  # `auto` copies (no drafting cost) as far as passes are timed
+# `auto` copies (no drafting cost) as far as passes are timed
+COPY_MAX_DRAFT = LONGEST_TIMED_PASS - 1
 
 
 class Conversation:
-    """A conversation's state beside an Engine's shared weights (Engine.conversation())."""
+    """A conversation's state beside shared weights (made by Engine.conversation())."""
 
-    def __init__(self, engine: Engine, drafter: Drafter | None, draft_length: DraftLength):
+    def __init__(self, target: TargetModel, tokenizer: Any, costbook: CostBook,
+                 drafter: Drafter | None, draft_length: DraftLength, *,
+                 kv_bits: int | None = None, eos: Iterable[int] = ()):
         check_draft_length(draft_length)
-        self.engine, self.target, self.tokenizer = engine, engine.target, engine.tokenizer
+        self.target, self.tokenizer, self.costbook = target, tokenizer, costbook
+        self.kv_bits = kv_bits
         self.drafter = drafter
         self.draft_length: DraftLength = draft_length  # k, or "auto" (chosen each round)
         # the longest draft any round may use
-        self.max_draft = max_draft_for(draft_length, auto_ceiling(drafter))
+        self.max_draft = max_draft_for(draft_length, auto_max_draft(drafter))
         # one policy per drafter, per greedy / sampled (acceptance differs between them) and
         # per source of drafts (a lookup drafter's copies apart from its model's)
         self.policies: dict[tuple[str, bool], AdaptiveDraftLength] = {}
         self.policy: AdaptiveDraftLength | None = None  # the last turn's (None: a fixed k)
         self.copy_policy: AdaptiveDraftLength | None = None  # its copies' (lookup drafters)
-        self.may_copy = True  # this round may be a copy (the schedule's choice of source)
-        self.eos = set(engine.eos)
+        self.eos = set(eos)
         self.reset()
 
     # -- state ---------------------------------------------------------------------------------
@@ -62,7 +62,7 @@ class Conversation:
     def reset(self) -> None:
         """Forget the conversation: empty caches, a fresh drafter state."""
         slack = max(16, 2 * (self.max_draft + 2))
-        self.cache = self.target.make_cache(slack=slack, kv_bits=self.engine.kv_bits)
+        self.cache = self.target.make_cache(slack=slack, kv_bits=self.kv_bits)
         self.drafter_state: Any = None
         if self.drafter is not None:
             self.target.check_rollback(self.cache)
@@ -74,7 +74,7 @@ class Conversation:
         """Switch drafters. The conversation is re-prefilled next turn, since a drafter that
         keeps state (an MTP cache) needs the target's hidden states of every position."""
         self.drafter = drafter
-        self.max_draft = max_draft_for(self.draft_length, auto_ceiling(drafter))
+        self.max_draft = max_draft_for(self.draft_length, auto_max_draft(drafter))
         self.reset()
 
     def set_draft_length(self, draft_length: DraftLength) -> None:
@@ -82,7 +82,7 @@ class Conversation:
         check_draft_length(draft_length)
         old = self.max_draft
         self.draft_length = draft_length
-        self.max_draft = max_draft_for(draft_length, auto_ceiling(self.drafter))
+        self.max_draft = max_draft_for(draft_length, auto_max_draft(self.drafter))
         if self.max_draft > old:  # sliding-window caches need rollback slack for a longer round
             self.reset()
 
@@ -92,17 +92,17 @@ class Conversation:
 
     def policy_for(self, greedy: bool, *, copies: bool = False) -> AdaptiveDraftLength | None:
         """The adaptive draft-length policy for this drafter and this kind of sampling (copies:
-        for a lookup drafter's copied rounds, which may copy up to COPY_REACH tokens: a copy
+        for a lookup drafter's copied rounds, which may copy up to COPY_MAX_DRAFT tokens: a copy
         costs nothing to draft, so how far pays is the verify pass's to say), on the engine's
         costs: measured, or a prior until they are (None with a fixed k, no drafter, or no
         copies to choose for)."""
         if not self.adaptive or self.drafter is None:
             return None
-        if copies and not hasattr(self.drafter, "copy_ready"):
+        if copies and not self.drafter.copies:
             return None
         name = self.drafter.name + ("/copies" if copies else "")
-        reach = max(self.max_draft, COPY_REACH) if copies else self.max_draft
-        key, costs = (name, greedy), self.engine.costs(reach)
+        reach = max(self.max_draft, COPY_MAX_DRAFT) if copies else self.max_draft
+        key, costs = (name, greedy), self.costbook.costs(reach)
         policy = self.policies.get(key)
         if policy is None:
             policy = self.policies[key] = AdaptiveDraftLength(  # (a copy: no drafting cost)
@@ -112,10 +112,15 @@ class Conversation:
             policy.recalibrate(costs.verify, costs.plain)
         return policy
 
+    def begin_turn(self, greedy: bool) -> None:
+        """A turn begins: the draft-length policies it reads (per kind of sampling)."""
+        self.policy = self.policy_for(greedy)
+        self.copy_policy = self.policy_for(greedy, copies=True)
+
     def copy_ready(self) -> bool:
         """Would the drafter's next draft be a copy of the conversation's own text?"""
-        ready = getattr(self.drafter, "copy_ready", None)
-        return ready is not None and ready(self.drafter_state, self.tokens)
+        return self.drafter is not None and self.drafter.copy_ready(self.drafter_state,
+                                                                    self.tokens)
 
     def round_policy(self) -> AdaptiveDraftLength | None:
         """The policy that chooses the next round's k: the copies' where a copy is ready."""
@@ -137,13 +142,15 @@ class Conversation:
             return 0
         return self.drafter.nbytes() + self.drafter_state.nbytes()
 
-    def _context(self, hidden: mx.array | None = None, start: int = 0) -> DraftContext:
-        return DraftContext(self.target, self.tokens, self.cache, hidden, start, self.may_copy,
+    def _context(self, hidden: mx.array | None = None, start: int = 0, *,
+                 copy: bool = True) -> DraftContext:
+        return DraftContext(self.target, self.tokens, self.cache, hidden, start, copy,
                             self.max_draft)
 
-    def draft_context(self) -> DraftContext:
-        """What the drafter reads to draft now (batch.draft_together drafts several)."""
-        return self._context()
+    def draft_context(self, *, copy: bool = True) -> DraftContext:
+        """What the drafter reads to draft now (batch.draft_together drafts several); copy:
+        a lookup drafter may copy this round (False: the schedule chose its model)."""
+        return self._context(copy=copy)
 
     @property
     def wants_hidden(self) -> bool | tuple[int, ...]:
@@ -162,8 +169,8 @@ class Conversation:
             except StopIteration as done:
                 return done.value
 
-    def prefill_chunks(self, prompt: list[int]) -> Generator[Pause, Prefilled | None, int]:
-        """`prefill`, yielding a Pause before each chunk, so a driver of several
+    def prefill_chunks(self, prompt: list[int]) -> Generator[PrefillDue, Prefilled | None, int]:
+        """`prefill`, yielding a PrefillDue before each chunk, so a driver of several
         conversations can run others' rounds between them, or run this chunk together with
         theirs (batch.prefill_together) and send back its Prefilled; sent None, the chunk
         runs alone (prefill_chunk). Returns the reused count."""
@@ -182,7 +189,7 @@ class Conversation:
         hidden = []
         for i in range(start, len(prompt) - 1, PREFILL_CHUNK):
             chunk = prompt[i : min(i + PREFILL_CHUNK, len(prompt) - 1)]
-            done = yield Pause(self, chunk)
+            done = yield PrefillDue(chunk)
             h = done.hidden if done is not None else self.prefill_chunk(chunk, want_hidden)
             if h is not None:
                 hidden.append(h)
@@ -204,12 +211,14 @@ class Conversation:
         mx.eval([c.state for c in self.cache] + ([hidden] if hidden is not None else []))
         return hidden
 
-    def draft(self, k: int, sampler: Sampler, *, split: bool = False) -> Draft:
+    def draft(self, k: int, sampler: Sampler, *, split: bool = False, copy: bool = True
+              ) -> Draft:
         """Propose up to k tokens. They stay lazy: the device starts on them while the host
-        builds the verify pass (split: wait for them here, so the draft is timed alone)."""
+        builds the verify pass (split: wait for them here, so the draft is timed alone; copy:
+        see draft_context)."""
         if k == 0 or self.drafter is None:
             return Draft()
-        draft = self.drafter.draft(self.drafter_state, self._context(), k, sampler)
+        draft = self.drafter.draft(self.drafter_state, self._context(copy=copy), k, sampler)
         arrays = [draft.tokens] + ([draft.probs] if draft.probs is not None else [])
         (mx.eval if split else mx.async_eval)(arrays)
         return draft
@@ -217,29 +226,35 @@ class Conversation:
     def verify(self, draft: Draft) -> tuple[mx.array, mx.array | None]:
         """One target forward over [pending, d_1..d_k]: logits [k+1, V] (and hidden [k+1, D]).
         The drafts enter as device arrays: no host round trip between drafting and verifying.
-        Padded to the pass size the engine measured cheaper (Engine.pass_size): the padding's
+        Padded to the pass size measured cheaper (CostBook.pass_size): the padding's
         rows are not read, and the commit cuts their cache entries with the rejected drafts'.
         (batch.verify_together runs several conversations' in one pass.)"""
-        inputs = self.verify_input(draft)
+        inputs = self.pass_input(draft)
         q = inputs.shape[0]
-        size = self.engine.pass_size(q)
+        size = self.costbook.pass_size(q)
         if size > q:  # any token will do: nothing reads what follows it
             inputs = mx.concatenate([inputs, mx.repeat(inputs[-1:], size - q)])
         logits, hidden = self.target.forward(inputs, self.cache, hidden=self.wants_hidden)
-        return self.verified(size, draft, logits[:q], hidden[:q] if hidden is not None else None)
+        return self.took_pass(size, draft, logits[:q], hidden[:q] if hidden is not None else None)
 
-    def verify_input(self, draft: Draft) -> mx.array:
+    def pass_input(self, draft: Draft) -> mx.array:
         """What the verify pass feeds: the pending token(s), then the drafts."""
         pending = mx.array(self.tokens[self.cached :], dtype=mx.int32)
         return mx.concatenate([pending, draft.tokens]) if draft.k else pending
 
-    def verified(self, fed: int, draft: Draft, logits: mx.array,
+    def took_pass(self, fed: int, draft: Draft, logits: mx.array,
                  hidden: mx.array | None) -> tuple[mx.array, mx.array | None]:
         """The cache took `fed` more tokens (padding included); the k+1 distributions the
         round decides on are the last k+1 of the rows given."""
         self.cached += fed
         n = draft.k + 1
         return logits[-n:], (hidden[-n:] if hidden is not None else None)
+
+    def drop_drafts(self) -> None:
+        """Cut the drafter's state back to the committed sequence (a batched draft failed
+        part-way: a draft model may have taken some of its steps)."""
+        if self.drafter is not None:
+            self.drafter.commit(self.drafter_state, self.draft_context(), len(self.tokens) - 1)
 
     def commit(self, new: list[int], valid: int, hidden: mx.array | None, *,
                ahead: bool = False) -> None:
@@ -327,34 +342,6 @@ class Conversation:
         if exact:
             return token, True
         return sampler.redraw(step.logits, self.tokens), False
-
-    # -- a turn ----------------------------------------------------------------------------------
-
-    def generate(self, prompt: list[int], *, max_tokens: int = 256,
-                 sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-                 ignore_eos: bool = False) -> Iterator[Event]:
-        """Continue the conversation with `prompt` (the whole token sequence so far: a prefix
-        shared with the previous turn is reused from the cache). Yields TokenEvents, then
-        TurnEnd. ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests)."""
-        with closing(play(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
-                          ignore_eos=ignore_eos)) as steps:
-            for event in steps:  # (Drafting, Verify answered by next(): the round runs alone)
-                if not isinstance(event, Drafting | Verify | Pause):
-                    yield event
-
-    def steps(self, prompt: list[int], *, max_tokens: int = 256,
-              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-              ignore_eos: bool = False
-              ) -> Generator[Event | Drafting | Verify | Pause, Reply, None]:
-        """`generate`, with each pass left to the caller: before it, a Verify is yielded;
-        send back its (logits, hidden) from batch.verify_together (several conversations, one
-        pass), or None (or iterate) to let it run alone. Likewise a Drafting before a round's
-        drafts: send back its Draft from batch.draft_together, or None. Plain tokens
-        (speculation off, or no drafter) come as rounds of no drafts, so they batch too (not
-        pipelined); a Pause before each prefill chunk lets the driver run other conversations
-        in between, or this chunk with theirs (batch.prefill_together: send its Prefilled)."""
-        return play(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
-                    ignore_eos=ignore_eos, rounds_only=True)
 
 
 class _Step(NamedTuple):

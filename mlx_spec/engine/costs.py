@@ -12,10 +12,11 @@ import mlx.core as mx
 
 from ..model import TargetModel
 
-PAD_REACH = 16  # verify passes are timed up to this many tokens, whatever the draft length
-PAD_GAIN = 0.85  # a q-token pass runs padded to q' > q tokens where q' took at most 85% of q
-# (at 95% the tiny demo target padded q = 7 → 8 and 11..15 → 16 for 7% and read 0.76 of
-# unpadded with mtp+lookup auto, 4 seeded pairs: small gains on paper, losses in the loop)
+LONGEST_TIMED_PASS = 16  # verify passes are timed up to this many tokens, whatever the draft length
+# a q-token pass runs padded to q' > q tokens where q' took at most 85% of q (a looser gain
+# padded for small gains on paper and lost in the loop: DESIGN.md, "Measurements behind the
+# rules")
+PAD_GAIN = 0.85
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,11 @@ class Stopped(Exception):
 
 def measure_costs(target: TargetModel, max_draft: int, *, stop: Any = None) -> TargetCosts:
     """Calibrate both, one after the other, so they see the machine in the same state. stop
-    (an Event-like `is_set()`): checked between timed passes; raises Stopped. Verify passes are
-    timed up to PAD_REACH tokens at least, so a shorter one can run as a cheaper longer one."""
-    raw = measure_verify_costs(target, max(max_draft, PAD_REACH - 1), smooth=False, stop=stop)
+    (an Event-like `is_set()`): checked between timed passes; raises Stopped. Verify passes
+    are timed up to LONGEST_TIMED_PASS tokens at least, so a shorter one can run as a cheaper
+    longer one."""
+    raw = measure_verify_costs(target, max(max_draft, LONGEST_TIMED_PASS - 1), smooth=False,
+                               stop=stop)
     return TargetCosts(as_run(raw), measure_plain_cost(target, stop=stop),
                        pad_to=pad_targets(raw))
 
@@ -67,8 +70,7 @@ def pad_targets(raw: Sequence[float], gain: float = PAD_GAIN) -> tuple[int, ...]
     least time, taken only where it took at most `gain` of q's own. A pass's rows past the
     drafts are padding: their logits are not read and the commit cuts their cache entries with
     the rejected drafts'. Worth it where the device's matmul kernels are cheaper at some sizes
-    than at smaller ones: OpenBLAS's AVX2 kernels ran the widened bench target's verify at q =
-    16 in 43.8 ms, at q = 9 in 54.4 (q = 5: 43.6; the cost climbs and falls every 16 rows)."""
+    than at smaller ones (OpenBLAS's: the cost climbs and falls every 16 rows)."""
     out = []
     for q in range(1, len(raw) + 1):
         best = min(range(q, len(raw) + 1), key=lambda p: raw[p - 1])
@@ -90,20 +92,19 @@ def _scratch(target: TargetModel, context: int, *, slack: int):
     return cache, prompt, logits
 
 
-def measure_verify_costs(target: TargetModel, k_max: int, *, context: int = 96,
+def measure_verify_costs(target: TargetModel, max_draft: int, *, context: int = 96,
                          repeats: int = 5, smooth: bool = True,
                          stop: Any = None) -> tuple[float, ...]:
-    """Seconds for one target forward over q = 1..k_max+1 tokens after `context` tokens, on a
+    """Seconds for one target forward over q = 1..max_draft+1 tokens after `context` tokens, on a
     scratch cache: the fastest of `repeats` (other load only ever adds time), then made
     non-decreasing (smooth_monotone): a longer pass never reads cheaper. Not a line: on a CPU
-    the cost steps where the kernels' shapes change (the widened bench target on one machine:
-    25 / 32 / 38 / 44 / 46 / 47 / 48 / 49 / 56 ms at q = 1..9), and a line through such steps
-    prices deep rounds far above what they cost (56 ms where q = 5 took 46), so a policy that
-    extrapolates from shallow rounds never goes deep (smooth=False: the fastest timings
-    themselves, for the benchmark's efficiency)."""
-    cache, prompt, _ = _scratch(target, context, slack=k_max + 2)
+    the cost steps where the kernels' shapes change, and a line through such steps prices deep
+    rounds far above what they cost, so a policy that extrapolates from shallow rounds never
+    goes deep (smooth=False: the fastest timings themselves, for the benchmark's
+    efficiency)."""
+    cache, prompt, _ = _scratch(target, context, slack=max_draft + 2)
     costs = []
-    for q in range(1, k_max + 2):
+    for q in range(1, max_draft + 2):
         times = []
         for _ in range(repeats + 1):
             _check(stop)
@@ -168,10 +169,9 @@ def smooth_linear(costs: Sequence[float]) -> tuple[float, ...]:
 
 def steps_off_line(costs: Sequence[float]) -> list[float]:
     """What a line cannot follow in verify costs: each c(q) less their least-squares line. A
-    round's cost steps where its verify pass's does (the widened bench target on one machine:
-    passes 31.5 / 38 / 44 / 46 / 47 ms, fused rounds 33 / 41 / 49 / 51 / 53 ms at k = 1..5):
-    priced by a line alone, rounds at k ≤ 2 put k = 8 at 90 ms where it ran at 65, and a
-    sampled turn stayed shallow. The fitted round line carries them (AdaptiveDraftLength)."""
+    round's cost steps where its verify pass's does: priced by a line alone, shallow rounds
+    overprice deep ones and a sampled turn stays shallow. The fitted round line carries them
+    (AdaptiveDraftLength)."""
     return [c - v for c, v in zip(costs, smooth_linear(costs), strict=True)]
 
 
@@ -200,7 +200,6 @@ def on_the_line(line: Sequence[float], table: Sequence[Sequence[float]],
     """Each k's cost: its own timed mean (Σw·t / Σw) shrunk toward the fitted line's value
     with `weight` (in rounds). The line carries the k's not timed lately and the slope the
     choice climbs by; the means keep what a line cannot follow. On a CPU a round's cost steps
-    where the kernels' shapes change (the demo target: ~5.3 / 5.1 / 6.0 / 8.1 / 8.2 / 12 ms
-    at k = 1..6), and a line through such steps overprices the k's below a step: it read
-    k = 3 at 7–10.7 ms where rounds at 3 ran 5.9–7.2."""
+    where the kernels' shapes change, and a line through such steps overprices the k's below
+    a step."""
     return [(s + weight * v) / (w + weight) for v, (w, s) in zip(line, table, strict=True)]

@@ -4,19 +4,46 @@ drafter's weights, and the target's costs and target-only speed as measured on t
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, replace
 from typing import Any
 
 from ..drafters.base import Drafter
+from ..events import Event
 from ..model import TargetModel
-from ..spec import AUTO_MAX_DRAFT, DraftLength, auto_ceiling, check_draft_length
+from ..sampling import SamplingConfig
+from ..spec import AUTO_MAX_DRAFT, DraftLength, auto_max_draft, check_draft_length
 from ..stats import Baseline
 from .calibration import Calibration, CalibrationStore, device_name, key_of
 from .conversation import Conversation
+from .costbook import CostBook
 from .costs import Stopped, TargetCosts, measure_costs
+from .turn import Turn, generate, steps
 
 _SAME = object()  # conversation(drafter=...) not given: the engine's drafter
+
+
+class Chat(Conversation):
+    """A conversation as the engine hands it out: its state and verbs (Conversation), and its
+    turns, which turn.py plays on it (the state never drives itself)."""
+
+    def generate(self, prompt: list[int], *, max_tokens: int = 256,
+                 sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
+                 ignore_eos: bool = False) -> Iterator[Event]:
+        """Continue the conversation with `prompt` (the whole token sequence so far: a prefix
+        shared with the previous turn is reused from the cache). Yields TokenEvents, then
+        TurnEnd. ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests)."""
+        return generate(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
+                        ignore_eos=ignore_eos)
+
+    def steps(self, prompt: list[int], *, max_tokens: int = 256,
+              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
+              ignore_eos: bool = False) -> Turn:
+        """`generate` played in rounds, each left to a driver (turn.steps, rounds.py)."""
+        return steps(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
+                     ignore_eos=ignore_eos)
 
 
 class Engine:
@@ -27,55 +54,46 @@ class Engine:
                  draft_length: DraftLength = 4, kv_bits: int | None = None,
                  store: CalibrationStore | None = None):
         """draft_length: tokens drafted per round, or "auto" (chosen each round, up to
-        `auto_ceiling`, from the target's costs and online acceptance; see adaptive.py).
+        `auto_max_draft`, from the target's costs and online acceptance; see adaptive.py).
         store: where calibrations are saved (default: MLX_SPEC_HOME/calibration)."""
         check_draft_length(draft_length)
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.draft_length = draft_length
-        self.auto_ceiling = auto_ceiling(drafter)  # so costs are measured as far as auto goes
+        self.auto_max_draft = auto_max_draft(drafter)  # so costs are measured as far as auto goes
         self.kv_bits = kv_bits
         self.eos = frozenset(getattr(tokenizer, "eos_token_ids", None) or ())
         self.store = store or CalibrationStore()
         self.key = key_of(target, kv_bits)  # None: a target built in code, nothing is saved
         saved = self.store.load(self.key) if self.key else None
-        self._measured: TargetCosts | None = saved.costs if saved else None
+        self.costbook = CostBook(target, self.store, saved.costs if saved else None)
         self.baseline: Baseline | None = (Baseline.from_dict(saved.baseline)
                                           if saved and saved.baseline else None)
-        self._priors: dict[int, TargetCosts] = {}
 
     def conversation(self, *, drafter: Any = _SAME,
-                     draft_length: DraftLength | None = None) -> Conversation:
+                     draft_length: DraftLength | None = None) -> Chat:
         """A new, empty conversation on these weights (drafter=None: target-only)."""
-        return Conversation(self, self.drafter if drafter is _SAME else drafter,
-                            self.draft_length if draft_length is None else draft_length)
+        return Chat(self.target, self.tokenizer, self.costbook,
+                    self.drafter if drafter is _SAME else drafter,
+                    self.draft_length if draft_length is None else draft_length,
+                    kv_bits=self.kv_bits, eos=self.eos)
 
     @property
     def calibrated(self) -> bool:
         """Are the costs `auto` reads measured (saved or calibrated here)?"""
-        return self._measured is not None and self._measured.max_draft >= self.auto_ceiling
+        return self.costbook.reaches(self.auto_max_draft)
 
     def costs(self, max_draft: int) -> TargetCosts:
-        """The target's verify costs for 1..max_draft + 1 tokens and its plain decoding cost:
-        measured ones where they reach max_draft, else a prior (never measured here: a turn
-        must not wait for a calibration; `calibrate` runs when the engine is idle)."""
-        if self._measured is not None and self._measured.max_draft >= max_draft:
-            return self._measured.up_to(max_draft)
-        if max_draft not in self._priors:
-            self._priors[max_draft] = self.store.prior(self.target, max_draft)
-        return self._priors[max_draft]
-
-    def pass_size(self, q: int) -> int:
-        """The tokens a q-token verify pass runs as: padded where the measured costs found a
-        longer pass cheaper (costs.pad_targets), else q (and always q before a calibration)."""
-        return self._measured.pass_size(q) if self._measured is not None else q
+        """The target's verify costs for 1..max_draft + 1 tokens and its plain decoding cost
+        (measured where known, else a prior: CostBook)."""
+        return self.costbook.costs(max_draft)
 
     def calibrate(self, max_draft: int | None = None, *, stop: Any = None) -> bool:
         """Measure the costs (a few timed target passes on a scratch cache) and save them, to
         `max_draft` (default: as far as `auto` may draft). stop: an Event-like flag checked
         between passes; False when it stopped the work."""
         try:
-            self._measured = measure_costs(
-                self.target, max(max_draft or self.auto_ceiling, AUTO_MAX_DRAFT), stop=stop)
+            self.costbook.measured = measure_costs(
+                self.target, max(max_draft or self.auto_max_draft, AUTO_MAX_DRAFT), stop=stop)
         except Stopped:
             return False
         self._save()
@@ -96,5 +114,5 @@ class Engine:
         baseline = None if self.baseline is None else asdict(self.baseline)
         self.store.save(Calibration(
             key=self.key, model=str(self.target.path), device=device_name(),
-            target_bytes=self.target.nbytes(), costs=self._measured, baseline=baseline,
+            target_bytes=self.target.nbytes(), costs=self.costbook.measured, baseline=baseline,
             measured_at=time.time()))

@@ -84,8 +84,10 @@ class Schedule:
         for policy in self._policies():
             policy.new_turn()
 
-    def next(self, *, left: int, room: int, stopped: bool = False) -> Next:
-        """left: tokens the turn may still emit; room: positions left in the context."""
+    def next(self, *, left: int, room: int, stopped: bool = False, cap: int | None = None
+             ) -> Next:
+        """left: tokens the turn may still emit; room: positions left in the context; cap:
+        a batch's cap on the draft length (BatchDraftLength; None: verified alone)."""
         if stopped:
             return End("cancelled")
         if left <= 0:
@@ -97,17 +99,18 @@ class Schedule:
             return Plain()
         if self.copies is not None and self.copy_ready is not None and self.copy_ready():
             self.chosen = self.copies
-            k = self.copies.choose(limit)
+            k = self.copies.choose(limit, cap=cap)
             if k > 0:
                 return Speculate(k)
             # copies do not pay now: the model's round, if it does
         self.chosen = self.policy
-        k = self.policy.choose(limit) if self.policy is not None else min(self.max_draft, limit)
+        k = (self.policy.choose(limit, cap=cap) if self.policy is not None
+             else min(self.max_draft, limit))
         if k > 0 and self.full and self.text is not None:
-            k = self.in_phase(k, limit)
+            k = self.in_phase(k, limit, cap)
         return Speculate(k, copy=self.copies is None) if k > 0 else Plain()
 
-    def in_phase(self, k: int, limit: int) -> int:
+    def in_phase(self, k: int, limit: int, cap: int | None = None) -> int:
         """After a round whose drafts were all accepted, in text that loops with period p: the
         deepest k with k + 1 a multiple of p (else the policy's k). At T = 0 which drafts are
         accepted is a function of the text, and in a loop of where in the loop a round starts
@@ -124,8 +127,7 @@ class Schedule:
         greedy text looping with period 3, where the head is right from one phase and wrong
         from the next: 45 rounds of 8 drafts at 93 ms, each accepting none, in 96 tokens.)"""
         assert self.policy is not None and self.text is not None
-        cap = self.policy.cap
-        top = min(limit, self.policy.k_max, limit if cap is None else cap)
+        top = min(limit, self.policy.max_draft, limit if cap is None else cap)
         p = loop_period(self.text(), top + 1)
         if not p:
             return k

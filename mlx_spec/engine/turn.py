@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
@@ -26,82 +25,72 @@ from ..errors import MlxSpecError, PromptTooLongError
 from ..events import Event, Kind, TokenEvent, TurnEnd, TurnStats
 from ..sampling import Sampler, SamplingConfig
 from ..stats import Totals, quantiles
-from .batch import Prefilled, Verified
+from .conversation import Conversation
+from .rounds import Due, PrefillDue, Resume, RoundDue, RoundRan
 from .schedule import End, Next, Plain, Schedule
 
-if TYPE_CHECKING:
-    from .conversation import Conversation
-
 Emitted = tuple[list[int], list[Kind]]  # a round's (or plain step's) tokens and their kinds
+Turn = Generator[Event | Due, Resume | None, None]  # a turn played in rounds (steps)
 
 
-@dataclass(frozen=True)
-class Verify:
-    """A round waiting for its verify pass (only `Conversation.steps` yields these). A driver
-    that runs several conversations sends back (logits, hidden) from one pass over all of
-    them (batch.verify_together); one that just iterates (next) lets the round verify alone."""
-
-    conv: Conversation
-    draft: Draft
-
-
-@dataclass(frozen=True)
-class Drafting:
-    """A round about to draft (only `Conversation.steps` yields these). A driver that runs
-    several conversations may draft theirs together (batch.draft_together: one step of the
-    drafter for all rows per draft position) and send back this round's Draft; one that just
-    iterates (next) lets it draft alone. split: the round times its draft apart (synced)."""
-
-    conv: Conversation
-    k: int
-    sampler: Sampler
-    split: bool
+def generate(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
+             sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
+             ignore_eos: bool = False) -> Iterator[Event]:
+    """Continue the conversation with `prompt` (the whole token sequence so far: a prefix
+    shared with the previous turn is reused from the cache). Yields TokenEvents, then TurnEnd.
+    ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests)."""
+    with closing(play(conv, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
+                      ignore_eos=ignore_eos)) as turn:
+        for event in turn:  # (a RoundDue answered by next(): the round runs alone)
+            if not isinstance(event, RoundDue | PrefillDue):
+                yield event
 
 
-@dataclass(frozen=True)
-class Pause:
-    """A prefill chunk is next (only `Conversation.steps` yields these): a driver of several
-    conversations may run the others' rounds first, and may run this chunk in one pass with
-    other conversations' chunks (batch.prefill_together: reply its `Prefilled`); replied None,
-    the chunk runs alone."""
-
-    conv: Conversation
-    chunk: list[int]
-
-    @property
-    def tokens(self) -> int:
-        return len(self.chunk)
-
-
-Reply = Draft | Verified | Prefilled | None  # what a driver sends back into a turn
+def steps(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
+          sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
+          ignore_eos: bool = False) -> Turn:
+    """`generate`, with each round and prompt chunk left to the driver (rounds.py): before
+    each, a RoundDue or PrefillDue is yielded; send back a Resume with what the driver ran
+    (several conversations in one pass: cycle.py), or None to let it run alone. Plain tokens
+    (speculation off, or no drafter) come as rounds of no drafts, so they batch too (not
+    pipelined)."""
+    return play(conv, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
+                ignore_eos=ignore_eos, rounds_only=True)
 
 
 @dataclass
 class _Turn:
-    """A turn in progress: what it emitted, when, and its tallies."""
+    """A turn in progress: what it emitted, when, its tallies, and the batch's cap on its next
+    round's draft length (what the driver's last Resume said)."""
 
     max_tokens: int
     t0: float
     tally: Totals
     generated: list[int] = field(default_factory=list)
     emitted: list[float] = field(default_factory=list)  # when each token reached the caller
+    cap: int | None = None
 
     @property
     def left(self) -> int:
         return self.max_tokens - len(self.generated)
 
+    def resumed(self, resume: Resume | None) -> RoundRan | object | None:
+        """What the driver ran (None: run it alone); its cap holds for the next round."""
+        if resume is None:
+            return None
+        self.cap = resume.cap
+        return resume.ran
+
 
 def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
          sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-         ignore_eos: bool = False, rounds_only: bool = False
-         ) -> Generator[Event | Drafting | Verify | Pause, Reply, None]:
-    """Conversation.steps (rounds_only: plain tokens too go through Verify, and the prefill
-    pauses between chunks) / generate."""
+         ignore_eos: bool = False, rounds_only: bool = False) -> Turn:
+    """steps (rounds_only: plain tokens too come as rounds, and the prefill yields between
+    chunks) / generate."""
     check_prompt(conv, prompt)
     sampler = Sampler(sampling or SamplingConfig())
-    policy = conv.policy = conv.policy_for(sampler.cfg.greedy)
-    conv.copy_policy = conv.policy_for(sampler.cfg.greedy, copies=True)
-    schedule = Schedule(policy, conv.max_draft, drafting=conv.drafter is not None,
+    conv.begin_turn(sampler.cfg.greedy)
+    schedule = Schedule(conv.policy, conv.max_draft, drafting=conv.drafter is not None,
                         copies=conv.copy_policy, copy_ready=conv.copy_ready,
                         text=(lambda: conv.tokens) if sampler.cfg.greedy else None)
     schedule.new_turn()
@@ -109,25 +98,25 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
     decoder = IncrementalDecoder(conv.tokenizer)
     mx.reset_peak_memory()
     t0 = time.perf_counter()
+    turn = _Turn(max_tokens, t0, _tally(conv.max_draft))
     if rounds_only:
         chunks, done = conv.prefill_chunks(prompt), None
         while True:
             try:
-                pause = chunks.send(done)
+                due = chunks.send(done)
             except StopIteration as end:
                 reused = end.value
                 break
-            done = yield pause
+            done = turn.resumed((yield due))
     else:
         reused = conv.prefill(prompt)
     prefill_s = time.perf_counter() - t0
-    turn = _Turn(max_tokens, t0, _tally(conv.max_draft))
 
     def decide(ahead: int = 0) -> Next:  # ahead: tokens a plain run has built ahead
         """What comes after `ahead` more tokens."""
         return schedule.next(left=turn.left - ahead,
                              room=conv.target.context_length - len(conv.tokens) - ahead,
-                             stopped=stop is not None and stop.is_set())
+                             stopped=stop is not None and stop.is_set(), cap=turn.cap)
 
     planned: Next | None = None  # decided at the end of a plain run, for the step after it
     finish = "length"
@@ -143,11 +132,10 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
                 planned = decide(ahead=ahead)
                 return isinstance(planned, Plain)
 
-            rounds = (plain_rounds(conv, sampler, lambda: more(0), schedule, turn.tally)
+            rounds = (plain_rounds(conv, sampler, lambda: more(0), schedule, turn)
                       if rounds_only else plain_run(conv, sampler, more, schedule, turn.tally))
         else:
-            conv.may_copy = step.copy
-            rounds = speculate(conv, step.k, sampler, schedule, turn.tally,
+            rounds = speculate(conv, step.k, step.copy, sampler, schedule, turn,
                                lambda new: _stop_point(new, turn.left, eos)[0])
         reason, reply = "", None
         with closing(rounds):  # a plain run stopped early cuts its extra step back
@@ -156,8 +144,8 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
                     item = rounds.send(reply)
                 except StopIteration:
                     break
-                if isinstance(item, Drafting | Verify):  # up to the driver: batched, or
-                    reply = yield item  # alone (None)
+                if isinstance(item, RoundDue):  # up to the driver: batched, or alone (None)
+                    reply = yield item
                     continue
                 reply = None
                 new, kinds = item
@@ -181,34 +169,47 @@ def check_prompt(conv: Conversation, prompt: list[int]) -> None:
                                  f"{conv.target.context_length}")
 
 
-def speculate(conv: Conversation, k: int, sampler: Sampler, schedule: Schedule, tally: Totals,
-              keep: Callable[[list[int]], int]
-              ) -> Generator[Emitted | Drafting | Verify, Draft | Verified | None, None]:
-    """One speculative round: draft, verify (yielding Drafting and Verify first: the driver
-    may batch either), accept, commit the first keep(tokens) of its tokens (the turn may end
-    inside it); yields them and their kinds."""
+def speculate(conv: Conversation, k: int, copy: bool, sampler: Sampler, schedule: Schedule,
+              turn: _Turn, keep: Callable[[list[int]], int]
+              ) -> Generator[Emitted | RoundDue, Resume | None, None]:
+    """One speculative round: draft, verify (yielding a RoundDue first: the driver may run
+    both, batched), accept, commit the first keep(tokens) of its tokens (the turn may end
+    inside it); yields them and their kinds. copy: a lookup drafter may copy this round."""
     split = schedule.split()  # time draft and verify apart this round
-    t = round_start = time.perf_counter()
-    draft = yield Drafting(conv, k, sampler, split)
-    if draft is None:
-        draft = conv.draft(k, sampler, split=split)
-    draft_s = time.perf_counter() - t
+    round_start = time.perf_counter()
+    ran = turn.resumed((yield RoundDue(k, sampler, split, copy)))
+    draft, logits, hidden, draft_s, verify_s = _ran(conv, ran, k, sampler, split, copy)
     t = time.perf_counter()
-    logits, hidden = (yield Verify(conv, draft)) or conv.verify(draft)
-    verdict = sampler.verify(logits, conv.tokens, draft.tokens, draft.probs)
-    verify_s = time.perf_counter() - t
+    verdict = sampler.verdict(logits, conv.tokens, draft.tokens, draft.probs)
+    verify_s += time.perf_counter() - t  # the verdict reads the pass: the host waits here
     n, k = verdict.num_accepted, draft.k
     new = verdict.tokens[: keep(verdict.tokens)]
     t = time.perf_counter()
     conv.commit(new, len(conv.tokens) + min(n, len(new)), hidden)
-    tally.commit_s += time.perf_counter() - t
-    tally.add_pass(k, n, draft_s, verify_s)
+    turn.tally.commit_s += time.perf_counter() - t
+    turn.tally.add_pass(k, n, draft_s, verify_s)
     schedule.observe_round(k, n, round_s=time.perf_counter() - round_start, fed=draft.fed,
                            draft_s=draft_s if split else None,
                            verify_s=verify_s if split else None, copied=draft.copied,
                            evidence=verdict.evidence)
     last = Kind.TARGET if k == 0 else Kind.BONUS if n == k else Kind.CORRECTED
     yield new, ([Kind.ACCEPTED] * n + [last])[: len(new)]
+
+
+def _ran(conv: Conversation, ran: object, k: int, sampler: Sampler, split: bool, copy: bool):
+    """A round's draft, logits, hidden and the seconds its draft and pass took: as the driver
+    ran them (RoundRan), the pass alone where its batch's failed, or all of it alone."""
+    if isinstance(ran, RoundRan) and ran.logits is not None:
+        return ran.draft, ran.logits, ran.hidden, ran.draft_s, ran.verify_s
+    if isinstance(ran, RoundRan):
+        draft, draft_s = ran.draft, ran.draft_s
+    else:
+        t = time.perf_counter()
+        draft = conv.draft(k, sampler, split=split, copy=copy)
+        draft_s = time.perf_counter() - t
+    t = time.perf_counter()
+    logits, hidden = conv.verify(draft)
+    return draft, logits, hidden, draft_s, time.perf_counter() - t
 
 
 def plain_run(conv: Conversation, sampler: Sampler, more: Callable[[], bool],
@@ -225,20 +226,20 @@ def plain_run(conv: Conversation, sampler: Sampler, more: Callable[[], bool],
 
 
 def plain_rounds(conv: Conversation, sampler: Sampler, more: Callable[[], bool],
-                 schedule: Schedule, tally: Totals
-                 ) -> Generator[Emitted | Verify, Verified | None, None]:
+                 schedule: Schedule, turn: _Turn
+                 ) -> Generator[Emitted | RoundDue, Resume | None, None]:
     """Plain decoding as rounds of no drafts, until more() (asked after each token) says
-    otherwise: each token's pass goes through Verify, so a driver can run it in one pass with
-    other conversations' rounds (nothing is built ahead: the pass waits for the batch)."""
+    otherwise: each token's pass is a RoundDue, so a driver can run it in one pass with other
+    conversations' rounds (nothing is built ahead: the pass waits for the batch)."""
     try:
         while True:
             t = time.perf_counter()
-            draft = Draft()
-            logits, hidden = (yield Verify(conv, draft)) or conv.verify(draft)
-            verdict = sampler.verify(logits, conv.tokens, draft.tokens, None)
+            ran = turn.resumed((yield RoundDue(0, sampler, False)))
+            _, logits, hidden, _, _ = _ran(conv, ran, 0, sampler, False, False)
+            verdict = sampler.verdict(logits, conv.tokens, Draft().tokens, None)
             conv.commit(verdict.tokens, len(conv.tokens), hidden)
             seconds = time.perf_counter() - t
-            tally.add_pass(0, 0, 0.0, seconds)
+            turn.tally.add_pass(0, 0, 0.0, seconds)
             schedule.observe_plain(seconds)
             yield verdict.tokens, [Kind.TARGET]
             if not more():
@@ -285,7 +286,7 @@ def turn_stats(conv: Conversation, prompt: list[int], reused: int, prefill_s: fl
         kv_cache_bytes=kv.nbytes(conv.cache),
         drafter=conv.drafter.name if conv.drafter is not None else "none",
         max_draft=0 if conv.drafter is None else max(  # copies may reach further
-            conv.max_draft, conv.copy_policy.k_max if conv.copy_policy is not None else 0),
+            conv.max_draft, conv.copy_policy.max_draft if conv.copy_policy is not None else 0),
         adaptive=conv.policy is not None,
         finish_reason=finish,
         ranks=conv.target.ranks,

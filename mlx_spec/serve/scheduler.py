@@ -1,21 +1,10 @@
-"""Several requests at once on one engine: each request is a Conversation of its own beside the
-engine's weights, and one engine thread runs them all in cycles. A cycle advances every running
-request to its next round (emitting the tokens its last round committed; a request in its
-prefill takes one chunk), drafts every round's drafts (together where the drafter can:
-engine/batch.py `draft_together`, each on its own drafter state), then runs ONE target pass
-over every waiting round (each row commits its own accepted prefix). Requests join and
-leave between cycles, so speculation stays on for each (its own drafter state, its own policy,
-its own random stream) while the verify is shared.
-
-A new request's prefill takes one chunk per cycle, so running streams keep flowing meanwhile;
-the chunks of requests that arrived together run in one pass (`prefill_together`).
-
-The draft length knows the batch: before a cycle of two or more `auto` rows, the scheduler caps
-every row's k at the common k that maximises the batch's expected tokens per second, the cycle
-priced at the measured cost of its pass's B·(k+1) tokens (engine/adaptive.py
-`BatchDraftLength`); each cycle it times feeds that cost back. So where the batch makes the
-pass compute-bound, speculation is off for the cycle, and back on when it pays. One request
-alone is uncapped: its own policy chooses, as in `generate`.
+"""Several requests at once on one engine: each request is a conversation of its own beside the
+engine's weights, and one engine thread runs them all in cycles. Each cycle is one exchange with
+the engine (engine/cycle.py `Batch.step`): the running requests go down, and what each produced
+comes back — its tokens, its end or its error — with how many passes its rounds ran as. The
+engine drafts and verifies every round together where it can (ONE target pass), caps the batch's
+draft length, and runs new requests' prefills a chunk per cycle; this file keeps the queue, the
+jobs' events and the metrics.
 """
 
 from __future__ import annotations
@@ -24,19 +13,13 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import mlx.core as mx
 
-from ..drafters import Draft
 from ..engine import Engine
-from ..engine.adaptive import AdaptiveDraftLength
-from ..engine.batch import batchable, draft_together, prefill_together, verify_together
-from ..engine.batch_length import BatchDraftLength
-from ..engine.conversation import Conversation
-from ..engine.turn import Drafting, Pause, Reply, Verify
+from ..engine.cycle import Batch, Row
 from ..events import Event, TokenEvent, TurnEnd
 from ..sampling import SamplingConfig
 from .metrics import Metrics
@@ -84,7 +67,7 @@ class Scheduler:
         self._closed = False
         self._arrived = threading.Event()  # a request came: idle work gives way
         self.metrics = Metrics()
-        self.batch = BatchDraftLength()  # the cap on a cycle's drafts, and its cycles' costs
+        self.batch = Batch(engine.costbook)  # the engine's side of every cycle
         self.running = 0
         self._thread = threading.Thread(target=self._run, name="mlx-spec-engine", daemon=True)
         self._thread.start()
@@ -136,7 +119,12 @@ class Scheduler:
                 if self._closed and not running and not self._waiting:
                     return
                 while self._waiting and len(running) < self.max_concurrency:
-                    running.append(self._start(self._waiting.popleft()))
+                    job = self._waiting.popleft()
+                    try:
+                        running.append(self._start(job))
+                    except Exception as e:  # noqa: BLE001 - its own error, never the thread's
+                        job.events.put(e)
+                        job.events.put(_DONE)
                 self.running = len(running)
             try:
                 running = self._cycle(running)
@@ -148,110 +136,22 @@ class Scheduler:
             self.running = len(running)
 
     def _cycle(self, running: list[_Running]) -> list[_Running]:
-        """Every request to its next round (or one plain step), the rounds' drafts (together
-        where they can), then one pass for all."""
-        start = time.perf_counter()
-        capped = self._cap(running)
-        running = [run for run in running if self._advance(run)]
-        self._draft(running)
-        running = [run for run in running
-                   if not isinstance(run.item, Drafting) or self._advance(run)]
-        rounds = [run for run in running if isinstance(run.item, Verify)]
-        if rounds:
-            together = [(run.item.conv, run.item.draft) for run in rounds]
-            try:
-                results = verify_together(together)
-                if capped:  # the pass synced here, so the cycle is timed whole
-                    mx.eval([a for pair in results for a in pair if a is not None])
-            except Exception:  # noqa: BLE001 - each verifies alone: an error reaches its own job
-                results = [None] * len(rounds)
-            for run, result in zip(rounds, results, strict=True):
-                run.reply, run.item = result, None
-            one = batchable([conv for conv, _ in together]) and results[0] is not None
-            self.metrics.verified(1 if one else len(rounds), len(rounds))
-            if capped and one and len(rounds) > 1 and len(rounds) == len(running):
-                # (not a cycle that ran a prefill chunk: a row without a round paused)
-                self.batch.observe(len(rounds), max(draft.k for _, draft in together),
-                                   time.perf_counter() - start)
-        return self._prefill(running)
-
-    def _prefill(self, running: list[_Running]) -> list[_Running]:
-        """The paused requests' next prompt chunks, in one pass where they batch (else each
-        runs alone when its turn resumes). A failed pass ends those requests with its error
-        (their caches may hold part of it), never the others."""
-        paused = [run for run in running if isinstance(run.item, Pause)]
-        if len(paused) < 2:
-            return running
-        try:
-            done = prefill_together([run.item for run in paused])
-        except Exception as e:  # noqa: BLE001
-            for run in paused:
-                run.job.events.put(e)
+        """One exchange with the engine: every request to its next round, its tokens handed
+        over; the ones that ended leave."""
+        cycle = self.batch.step([run.row for run in running])
+        if cycle.rounds:
+            self.metrics.verified(cycle.passes, cycle.rounds)
+        still = []
+        for run, out in zip(running, cycle.produced, strict=True):
+            handed = all(self._hand(run.job, event) for event in out.events)
+            if not out.over:
+                still.append(run)
+            elif out.error is not None:
+                run.job.events.put(out.error)
                 run.job.events.put(_DONE)
-            gone = {id(run) for run in paused}
-            return [run for run in running if id(run) not in gone]
-        for run, reply in zip(paused, done, strict=True):
-            run.reply, run.item = reply, None
-        return running
-
-    def _draft(self, running: list[_Running]) -> None:
-        """The rounds about to draft get their drafts (draft_together) as their replies; an
-        error leaves each to draft alone, where it reaches its own request."""
-        rounds = [run for run in running if isinstance(run.item, Drafting)]
-        if not rounds:
-            return
-        try:
-            drafts: list[Draft | None] = list(draft_together([run.item for run in rounds]))
-        except Exception:  # noqa: BLE001 - each drafts alone: an error reaches its own job
-            drafts = [None] * len(rounds)
-            for run in rounds:  # back to the committed sequence (a draft model may have
-                conv = run.item.conv  # taken some of the batch's steps)
-                conv.drafter.commit(conv.drafter_state, conv.draft_context(),
-                                    len(conv.tokens) - 1)
-        for run, draft in zip(rounds, drafts, strict=True):
-            run.reply = draft
-
-    def _cap(self, running: list[_Running]) -> bool:
-        """Set this cycle's cap on every `auto` row's draft length (BatchDraftLength): the
-        rows whose turn has begun, if there are two or more and they verify in one pass; else
-        no cap, each policy choosing alone. True when capped."""
-        rows = [run for run in running if run.conv.policy is not None]
-        # each row priced by the policy that will choose its round (a ready copy's, or its
-        # model's); the cap binds both
-        policies: list[AdaptiveDraftLength] = [run.conv.round_policy() for run in rows]
-        cap = None
-        if len(rows) > 1 and batchable([run.conv for run in rows]):
-            costs = self.engine.costs(policies[0].k_max).verify
-            cap = self.batch.cap(policies, costs)
-        for run in rows:
-            for policy in (run.conv.policy, run.conv.copy_policy):
-                if policy is not None:
-                    policy.cap = cap
-        return cap is not None
-
-    def _advance(self, run: _Running) -> bool:
-        """Run the request's turn up to its next verify pass, or through one plain step;
-        False when the request is over (its end, or its error, handed to it)."""
-        job = run.job
-        while True:
-            try:
-                item: Any = run.turn.send(run.reply)
-            except StopIteration:
-                job.events.put(_DONE)
-                return False
-            except Exception as e:  # noqa: BLE001 - one failing request never ends the others
-                job.events.put(e)
-                job.events.put(_DONE)
-                return False
-            run.reply = None
-            if isinstance(item, Drafting | Verify):
-                run.item = item
-                return True
-            if isinstance(item, Pause):  # a prefill chunk is next: in the cycle's prefill
-                run.item = item  # pass with the others' (_prefill), or alone when resumed
-                return True
-            if not self._hand(job, item):
-                return False  # (plain tokens come as Verify rounds too: they wait for the batch)
+            elif handed:  # over without its TurnEnd (never, but never hang a client)
+                run.job.events.put(_DONE)
+        return still
 
     def _calibrate_while_idle(self) -> None:
         """Between requests: measure the target's costs if `auto` still reads a prior; a
@@ -263,8 +163,8 @@ class Scheduler:
         engine.calibrate(stop=self._arrived)
 
     def _start(self, job: Job) -> _Running:
-        conv = self.engine.conversation()
-        return _Running(job, conv, conv.steps(job.prompt, max_tokens=job.max_tokens,
+        return _Running(job, self.batch.start(self.engine.conversation(), job.prompt,
+                                              max_tokens=job.max_tokens,
                                               sampling=job.sampling, stop=job.stop))
 
     def _hand(self, job: Job, event: Event) -> bool:
@@ -286,11 +186,7 @@ class Scheduler:
 
 @dataclass
 class _Running:
-    """A running request: its turn, and what the turn waits for (its Drafting or Verify, then
-    its reply)."""
+    """A running request: its job and its turn on the engine."""
 
     job: Job
-    conv: Conversation  # its policy (set once the turn begins) takes each cycle's cap
-    turn: Generator[Event | Drafting | Verify | Pause, Reply, None]
-    item: Drafting | Verify | Pause | None = None
-    reply: Reply = None
+    row: Row

@@ -4,7 +4,7 @@ windows beside them, held-out rows, and text read from --data."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -13,9 +13,7 @@ from .. import cache as kv
 from ..errors import MlxSpecError
 from ..model import TargetModel
 from ..sampling import Sampler, SamplingConfig
-
-if TYPE_CHECKING:
-    from .distill import DistillConfig
+from .config import DistillConfig
 
 
 def generate_pool(target: TargetModel, prompts: np.ndarray, new: int, temperature: float,

@@ -46,23 +46,9 @@ from .chain import (
     thinning,
     weighted_loss,
 )
+from .config import DistillConfig
 from .data import build_training_set, encode, held_rows, read_text_data
 from .loop import Schedule, checkpoint_step, train
-
-
-@dataclass(frozen=True)
-class DistillConfig:
-    steps: int = 1000
-    minutes: float | None = None  # a time budget instead of `steps` (data generation included)
-    batch_size: int = 8
-    seq_len: int = 192
-    lr: float = 2e-3
-    warmup: int = 50
-    depth: int = 8  # chained draft steps trained at once: every position `auto` may draft
-    reweigh_every: int = 25  # steps between held-out estimates of the per-position weights
-    weight_floor: float = 0.02  # positions weighing less than this are not trained (yet)
-    seed: int = 0
-    save_every: int = 100
 
 
 def soft_ce(logits: mx.array, p: mx.array, valid: mx.array) -> mx.array:
@@ -139,15 +125,13 @@ def held_out_scores(target: TargetModel, tokenizer: Any, drafter, prompts: list[
     and k = 8, and at k = 8 the acceptance of each draft position (the share of rounds whose
     drafts 1..i were all accepted)."""
     from ..engine import Engine
-    from ..stats import Totals
+    from ..engine.acceptance import measure_acceptance
 
+    engine = Engine(target, tokenizer, drafter)
     out = {}
     for k in (4, 8):
-        engine = Engine(target, tokenizer, drafter, draft_length=k).conversation()
-        totals = Totals()
-        for p in prompts:
-            engine.reset()
-            totals.add(list(engine.generate(p, max_tokens=max_tokens, ignore_eos=True))[-1].stats)
+        totals = measure_acceptance(engine, prompts, max_tokens=max_tokens, draft_length=k,
+                                    ignore_eos=True)
         out["tokens_per_pass" if k == 4 else "tokens_per_pass_k8"] = round(
             totals.tokens / max(totals.passes, 1), 3)
         if k == 8:
