@@ -18,8 +18,9 @@ HELP = ("all: the full run (docs/BENCH.md, with published and first-turn); publi
         "calibration (BENCH-first-turn.md); serve: 1-8 streaming clients, ours and mlx_lm.server "
         "(BENCH-serve.md); distributed: the target split over 2 ranks as the link slows "
         "(BENCH-distributed.md); demo: the bundled pair as a first run opens it (BENCH-demo.md); "
-        "real: published GGUF models (BENCH-real.md); serve, distributed and real are not part "
-        "of all")
+        "real: published GGUF models (BENCH-real.md); coupling: seeded (drafter-invariant) "
+        "against Leviathan acceptance (BENCH-coupling.md); serve, distributed, real and "
+        "coupling are not part of all")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

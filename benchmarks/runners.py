@@ -223,7 +223,10 @@ def run_ours(engine: Conversation, prompts: list[list[int]], max_tokens: int,
     timings, stats, gaps = [], [], []
     for i, ids in enumerate(prompts):
         engine.reset()
-        cfg = SamplingConfig(**{**asdict(sampling), "seed": seed + i})
+        # seeded for repeatability; the coupling an unseeded request gets unless the row
+        # names one (a seed alone would choose the drafter-invariant coupling)
+        coupling = "leviathan" if sampling.coupling == "auto" else sampling.coupling
+        cfg = SamplingConfig(**{**asdict(sampling), "seed": seed + i, "coupling": coupling})
         end, timing = timed_turn(engine, ids, max_tokens, cfg)
         timings.append(timing)
         gaps += timing.gaps
@@ -300,20 +303,22 @@ class Runner:
     def ours(self, target: TargetModel, drafter: Drafter | None, num_draft: int | str,
              name: str, drafter_name: str, target_name: str, temperature: float,
              top_p: float = 1.0, prompts: list[list[int]] | None = None,
-             seed: int = 0) -> Row:
+             seed: int = 0, coupling: str = "leviathan") -> Row:
         """A row of a fresh, warmed-up engine, on `prompts` (default: the run's), prompt i
-        sampled with seed `seed` + i."""
+        sampled with seed `seed` + i (coupling: how its drafts are accepted at T > 0)."""
         engine = new_engine(target, self.tokenizer, drafter, num_draft, self.store)
         conv = engine.conversation()
         warm_up(engine, conv, self.prompts[0])
         row = Row(name, drafter_name, "mlx-spec", target_name, temperature, top_p, num_draft)
         return run_ours(conv, prompts or self.prompts, self.max_tokens,
-                        SamplingConfig(temperature=temperature, top_p=top_p), row, seed=seed)
+                        SamplingConfig(temperature=temperature, top_p=top_p,
+                                       coupling=coupling), row, seed=seed)
 
     def first_turn(self, engine: Engine, temperature: float, *, seed: int = 0) -> FirstTurn:
         """The first turn of a new conversation on `engine`, on the run's first prompt."""
         return first_turn(engine, self.prompts[0], self.max_tokens,
-                          SamplingConfig(temperature=temperature, seed=seed))
+                          SamplingConfig(temperature=temperature, seed=seed,
+                                         coupling="leviathan"))
 
     def mlx_lm(self, target: TargetModel, name: str, target_name: str, temperature: float, *,
                draft: TargetModel | None = None, k: int = 0, top_p: float = 1.0,

@@ -25,6 +25,7 @@ from mlx_spec.drafters import DraftModelDrafter, NgramDrafter
 from mlx_spec.engine.costs import LONGEST_TIMED_PASS, as_run
 from mlx_spec.train.corpus import long_prompt, prompts_from_corpus
 
+from .coupling import bench_coupling
 from .demo import bench_demo
 from .distributed import bench_distributed
 from .hybrid import TARGET as HYBRID_TARGET
@@ -403,4 +404,4 @@ def _real(cfg: BenchConfig, out: Path, log) -> dict:
 
 GROUPS = {"all": bench, "published": bench_published, "first-turn": bench_first_turn,
           "serve": bench_serve, "distributed": bench_distributed, "demo": bench_demo,
-          "real": _real}
+          "real": _real, "coupling": bench_coupling}

@@ -13,6 +13,19 @@ For any q the emitted token at each position is distributed exactly as p: P(emit
 q(x)·min(1, p/q) + (1 - Σ_y min(p(y), q(y)))·residual(x) = min(p, q)(x) + max(0, p - q)(x) = p(x).
 Greedy decoding is the limit where p and q are one-hot: accept while the draft equals the target's
 argmax, then emit the target's argmax.
+
+Seeded requests use another exact coupling, drafter-invariant (Daliri, Musco & Suresh 2024,
+"Coupling without communication and drafter-invariant speculative decoding"): the token at
+sequence position t is argmax_v (log p_t(v) + g_t(v)), g_t i.i.d. Gumbel noise keyed by
+(seed, t) alone — the Gumbel-max trick, so it is a draw from p_t — and a drafter drafts
+argmax_v (log q_t(v) + g_t(v)) with the same noise: greedy decoding of noise-perturbed
+log-probabilities. A draft is accepted iff it equals the target's token, and the emitted
+sequence is then a function of (model, prompt, sampling settings, seed) alone: token for token
+the target-only decoding with that seed, whatever drafter, k, batch or padding ran it. Lossless:
+given everything emitted before position t, g_t has never decided an emitted token (a rejected
+draft that read it is discarded with its context), so the token at t is a fresh Gumbel-max draw
+from p_t. It accepts a draft with chance P(argmax(log q + g) = argmax(log p + g)) ≥
+(1 − TV)/(1 + TV), where Leviathan's rule reaches 1 − TV; unseeded requests keep Leviathan.
 """
 
 from __future__ import annotations
@@ -35,6 +48,10 @@ class SamplingConfig:
     repetition_penalty: float = 1.0  # CTRL-style: divide positive logits, multiply negative ones
     repetition_context: int = 64  # how many previous tokens the penalty looks at
     seed: int | None = None
+    # how drafts are accepted at T > 0: "gumbel", drafter-invariant (the answer depends on the
+    # seed alone); "leviathan", rejection sampling (accepts more, the answer depends on the
+    # drafts); "auto": gumbel for a seeded request, leviathan otherwise
+    coupling: str = "auto"
 
     def __post_init__(self) -> None:
         for name, ok, wanted in _VALID:
@@ -46,6 +63,13 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def invariant(self) -> bool:
+        """Drafter-invariant sampling (the module doc): seeded T > 0, unless told otherwise."""
+        if self.greedy:
+            return False
+        return self.coupling == "gumbel" or (self.coupling == "auto" and self.seed is not None)
+
 
 _VALID = (  # (field, test, what it must be): NaN and infinities fail every test
     ("temperature", lambda v: v >= 0, "a number >= 0"),
@@ -53,7 +77,9 @@ _VALID = (  # (field, test, what it must be): NaN and infinities fail every test
     ("top_k", lambda v: v >= 0, ">= 0"),
     ("min_p", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("repetition_penalty", lambda v: v > 0, "a number > 0"),
+    ("coupling", lambda v: v in COUPLINGS, "auto, gumbel or leviathan"),
 )
+COUPLINGS = ("auto", "gumbel", "leviathan")
 
 
 Tokens = list[int] | mx.array  # host ints, or a (possibly lazy) int array on the device
@@ -206,6 +232,28 @@ def _floor(candidates: mx.array, top_p: float) -> mx.array:
     return mx.where(above < top_p, desc, mx.inf).min(axis=-1, keepdims=True)
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def position_key(seed: int, position: int) -> mx.array:
+    """A random key for (seed, sequence position) alone (splitmix64 of the pair): a position's
+    noise never depends on what was drawn before it, nor on how many draws that took."""
+    x = (seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return mx.random.key(x ^ (x >> 31))
+
+
+def gumbel_argmax(probs: mx.array, seed: int, position: int) -> mx.array:
+    """Row i of probs [n, V] decided at sequence position `position` + i: argmax_v
+    (log probs_i(v) + g(v)), g Gumbel noise keyed by (seed, position + i) — a draw from
+    probs_i, the same for whoever (target or drafter) holds the same noise."""
+    vocab = probs.shape[-1]
+    noise = mx.stack([mx.random.gumbel(shape=(vocab,), key=position_key(seed, position + i))
+                      for i in range(probs.shape[0])])
+    return mx.argmax(mx.log(probs) + noise, axis=-1).astype(mx.int32)
+
+
 def categorical(probs: mx.array, key: mx.array) -> mx.array:
     """One sample per row of probs [..., V] (zeros are never drawn)."""
     return mx.random.categorical(mx.log(probs), axis=-1, key=key)
@@ -345,8 +393,11 @@ class Sampler:
         """Processed probabilities [n, V] for logits [n, V] (T > 0 only)."""
         return probabilities(penalize(logits, history, rows, self.cfg), self.cfg)
 
-    def draft_token(self, logits: mx.array, history: Tokens) -> tuple[mx.array, mx.array | None]:
-        """A drafter's choice from its last logits [V]: (token, q) — q is None when greedy.
+    def draft_token(self, logits: mx.array, history: Tokens, *, position: int
+                    ) -> tuple[mx.array, mx.array | None]:
+        """A drafter's choice from its last logits [V] for sequence position `position`:
+        (token, q) — q is None when greedy; drafter-invariant, the Gumbel-max of q with the
+        position's noise (the target's own at that position).
 
         q is processed() without its candidate check, so drafting never waits for the host: in
         a row whose CANDIDATES most likely tokens hold less than top_p of the mass, q's nucleus
@@ -357,6 +408,8 @@ class Sampler:
         if self.cfg.greedy:
             return mx.argmax(logits[0], axis=-1), None
         q = processed(logits, self.cfg)[0][0]
+        if self.cfg.invariant:
+            return gumbel_argmax(q[None], self.cfg.seed, position)[0], q
         return categorical(q, self.next_key()), q
 
     def sample_rows(self, logits: mx.array) -> mx.array:
@@ -366,14 +419,19 @@ class Sampler:
             return mx.argmax(logits, axis=-1)
         return categorical(probabilities(logits, self.cfg), self.next_key())
 
-    def next_token(self, logits: mx.array, history: Tokens) -> tuple[mx.array, mx.array | None]:
-        """The target's own token from its logits [1, V] after history (plain decoding), lazy:
+    def next_token(self, logits: mx.array, history: Tokens, *, position: int
+                   ) -> tuple[mx.array, mx.array | None]:
+        """The target's own token from its logits [1, V] after history (plain decoding), for
+        sequence position `position` (drafter-invariant: its Gumbel-max), lazy:
         the caller may build the next step on it before the host reads it. Returns (token,
         exact): exact None, or a lazy flag to read with the token — false, and the token must
         be redrawn by redraw(), where top-p's candidates did not cover the row."""
         logits = penalize(logits, history, [], self.cfg)
         if self.cfg.greedy:
             return mx.argmax(logits[0], axis=-1).astype(mx.int32), None
+        if self.cfg.invariant:
+            probs, exact = processed(logits, self.cfg)
+            return gumbel_argmax(probs, self.cfg.seed, position)[0], exact
         # no drafts to weigh, so no vocabulary-wide probabilities needed: with top-k on, a draw
         # among the k survivors; with neither top-p nor min-p, the Gumbel-max draw of
         # categorical() on the tempered logits, a draw from their softmax
@@ -387,10 +445,12 @@ class Sampler:
         probs, exact = processed(logits, self.cfg)
         return categorical(probs[0], self.next_key()).astype(mx.int32), exact
 
-    def redraw(self, logits: mx.array, history: list[int]) -> int:
+    def redraw(self, logits: mx.array, history: list[int], *, position: int) -> int:
         """next_token's token again, from the exact distribution (its candidate check failed:
         the first draw is discarded whatever it was, so this one is an exact draw)."""
         probs = processed(penalize(logits, history, [], self.cfg), self.cfg, full=True)[0]
+        if self.cfg.invariant:
+            return int(gumbel_argmax(probs, self.cfg.seed, position)[0].item())
         return int(categorical(probs[0], self.next_key()).item())
 
     def verdict(self, target_logits: mx.array, history: list[int], drafts: mx.array | list[int],
@@ -405,6 +465,11 @@ class Sampler:
             return greedy_verdict(logits, drafts)
 
         def decide(p: mx.array) -> tuple[mx.array, mx.array, mx.array | None]:
+            if self.cfg.invariant:  # the target's own token at every row; drafts kept while equal
+                mine = gumbel_argmax(p, self.cfg.seed, len(history))
+                same = (drafts == mine[: drafts.shape[0]]).astype(mx.int32)
+                n = mx.cumprod(same).sum() if drafts.shape[0] else mx.array(0)
+                return n, mx.take(mine, n), None  # (acceptance read from outcomes, not odds)
             if drafts.shape[0] == 0:
                 return mx.array(0), categorical(p[0], self.next_key()), None
             return (*rejection_sample(p, q, drafts, self.next_key()),

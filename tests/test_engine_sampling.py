@@ -35,11 +35,13 @@ def target_joint(target, cfg, prompt=PROMPT):
 
 
 def sample_pairs(engine, cfg_kw, accepted=None, prompt=PROMPT, runs=RUNS):
-    """`runs` two-token answers; `accepted` (a list) collects (drafted, accepted) per run."""
+    """`runs` two-token answers; `accepted` (a list) collects (drafted, accepted) per run.
+    Seeded for repeatability, with Leviathan's rejection sampling unless cfg_kw names another
+    coupling (a seed alone would choose the drafter-invariant one: test_invariant.py)."""
     pairs = []
     for seed in range(runs):
-        events = list(engine.generate(prompt, max_tokens=2, ignore_eos=True,
-                                      sampling=SamplingConfig(seed=seed, **cfg_kw)))
+        cfg = SamplingConfig(seed=seed, **{"coupling": "leviathan", **cfg_kw})
+        events = list(engine.generate(prompt, max_tokens=2, ignore_eos=True, sampling=cfg))
         end = events[-1]
         pairs.append(tuple(end.tokens) if isinstance(end, TurnEnd) else None)
         if accepted is not None:

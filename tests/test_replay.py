@@ -80,8 +80,8 @@ def test_sampled_odds_are_one_where_the_drafter_is_the_target(load):
     """Known answer: a drafter with the target's own distributions has p = q at every draft."""
     target, tok = load("llama")
     conv = conversation(target, tok, DraftModelDrafter(target, target), draft_length=4)
-    odds = record_sampled(conv, PROMPT, 8, SamplingConfig(temperature=1.0, seed=3),
-                          depth=4)
+    cfg = SamplingConfig(temperature=1.0, seed=3, coupling="leviathan")
+    odds = record_sampled(conv, PROMPT, 8, cfg, depth=4)
     assert len(odds) == 8 and all(len(r) == 4 for r in odds)
     assert min(min(r) for r in odds) > 0.999
 
@@ -95,11 +95,12 @@ def test_sampled_odds_predict_the_engines_acceptance():
     prompt = engine.tokenizer.encode("import os\n\n\ndef read_config(path):\n    ")
     recorded, drafted, accepted = [], 0, 0
     for seed in range(3):
-        cfg = SamplingConfig(temperature=1.0, seed=seed)
+        cfg = SamplingConfig(temperature=1.0, seed=seed, coupling="leviathan")
         recorded += [r[0] for r in record_sampled(engine, prompt, 40, cfg, depth=2)]
         engine.reset()
+        again = SamplingConfig(temperature=1.0, seed=10 + seed, coupling="leviathan")
         end = list(engine.generate(prompt, max_tokens=40, ignore_eos=True,
-                                   sampling=SamplingConfig(temperature=1.0, seed=10 + seed)))[-1]
+                                   sampling=again))[-1]
         drafted, accepted = drafted + end.stats.drafted, accepted + end.stats.accepted
     predicted, seen = statistics.mean(recorded), accepted / drafted
     assert 0.1 < seen < 0.95, seen  # a test that can tell the two apart

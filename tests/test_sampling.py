@@ -176,7 +176,7 @@ def test_sampler_applies_the_same_processing_to_target_and_draft():
     cfg = SamplingConfig(temperature=0.7, top_k=3, repetition_penalty=1.3, seed=0)
     s = Sampler(cfg)
     logits = mx.random.normal((1, 10), key=mx.random.key(0))
-    _, q = s.draft_token(logits[0], history=[1, 2])
+    _, q = s.draft_token(logits[0], history=[1, 2], position=2)
     p = s.distribution(logits, history=[1, 2], rows=[])
     np.testing.assert_allclose(np.array(q), np.array(p[0]), atol=1e-6)
 
@@ -227,15 +227,18 @@ def test_processing_at_a_real_vocabulary_size_equals_a_full_sort():
             np.testing.assert_allclose(ours, want, atol=1e-5)
 
 
+@pytest.mark.parametrize("coupling", ["leviathan", "gumbel"])
 @pytest.mark.parametrize("top_k", [0, 3])
-def test_plain_decoding_samples_the_processed_distribution(top_k):
+def test_plain_decoding_samples_the_processed_distribution(top_k, coupling):
     """next_token draws from the tempered (top-k masked) logits directly, without building
-    probabilities: its tokens must still follow probabilities() — and never leave the top k."""
+    probabilities: its tokens must still follow probabilities() — and never leave the top k.
+    Drafter-invariant (gumbel): one draw per sequence position, each keyed by it."""
     rng = np.random.default_rng(7)
     logits = mx.array(rng.normal(size=(1, V)) * 2, mx.float32)
-    cfg = SamplingConfig(temperature=0.8, top_k=top_k, seed=11)
+    cfg = SamplingConfig(temperature=0.8, top_k=top_k, seed=11, coupling=coupling)
     sampler = Sampler(cfg)
-    draws = np.array([sampler.next_token(logits, [])[0].item() for _ in range(6000)])
+    draws = np.array([sampler.next_token(logits, [], position=i)[0].item()
+                      for i in range(6000)])
     probs = np.array(probabilities(logits, cfg)[0], dtype=np.float64)
     probs /= probs.sum()
     assert set(np.unique(draws)) <= set(np.flatnonzero(probs > 0))
@@ -249,7 +252,9 @@ def _flat_rows(rows):
     return mx.array(np.tile(np.linspace(0.0, 0.6, V * 2), (rows, 1)), mx.float32)
 
 
-def test_top_p_past_its_candidates_is_checked_without_a_sync_and_decided_exactly(monkeypatch):
+@pytest.mark.parametrize("coupling", ["leviathan", "gumbel"])
+def test_top_p_past_its_candidates_is_checked_without_a_sync_and_decided_exactly(monkeypatch,
+                                                                                 coupling):
     """A nucleus wider than the candidate set: processed() says so in a lazy flag (no host
     sync); plain decoding redraws such a token from the exact p, a round is decided again on
     it, and the draft's q — cut at the candidates, but really what the draft was drawn from —
@@ -258,7 +263,7 @@ def test_top_p_past_its_candidates_is_checked_without_a_sync_and_decided_exactly
 
     monkeypatch.setattr(sampling, "CANDIDATES", 4)
     logits = _flat_rows(2)
-    cfg = SamplingConfig(temperature=1.0, top_p=0.9, seed=5)
+    cfg = SamplingConfig(temperature=1.0, top_p=0.9, seed=5, coupling=coupling)
     probs, exact = sampling.processed(logits, cfg)
     assert exact is not None and not bool(exact) and int((np.array(probs[0]) > 0).sum()) == 4
     p = np.array(sampling.processed(logits, cfg, full=True)[0][0], dtype=np.float64)
@@ -267,7 +272,8 @@ def test_top_p_past_its_candidates_is_checked_without_a_sync_and_decided_exactly
     _assert_cut_rows_are_drawn_exactly(logits, cfg, p, cut=4)
 
 
-def test_top_k_ties_are_kept_or_flagged_never_dropped():
+@pytest.mark.parametrize("coupling", ["leviathan", "gumbel"])
+def test_top_k_ties_are_kept_or_flagged_never_dropped(coupling):
     """Top-k keeps every token tied with the k-th largest (low-precision logits tie often). The
     partial selection takes 2k candidates, so ties within them are kept at once; where more tie
     than that, processed() flags the row (lazily, no sync) and the exact p keeps them all:
@@ -279,7 +285,8 @@ def test_top_k_ties_are_kept_or_flagged_never_dropped():
     probs, exact = sampling.processed(tied, SamplingConfig(temperature=1.0, top_k=3))
     assert bool(exact) and int((np.array(probs[0]) > 0).sum()) == 5
     logits = mx.array([[3.0, 1.0, 1.0, 1.0, 1.0, 0.0]] * 2, mx.float32)
-    cfg = SamplingConfig(temperature=1.0, top_k=2, seed=9)  # 2k = 4 candidates, 5 tokens kept
+    # 2k = 4 candidates, 5 tokens kept
+    cfg = SamplingConfig(temperature=1.0, top_k=2, seed=9, coupling=coupling)
     probs, exact = sampling.processed(logits, cfg)
     assert not bool(exact) and int((np.array(probs[0]) > 0).sum()) == 4
     p = np.array(probabilities(logits, cfg)[0], dtype=np.float64)
@@ -294,13 +301,13 @@ def _assert_cut_rows_are_drawn_exactly(logits, cfg, p, cut):
     p = p / p.sum()
     sampler = Sampler(cfg)
     plain, spec = [], []
-    for _ in range(3000):
-        token, ok = sampler.next_token(logits[:1], [])
+    for i in range(3000):  # position i (gumbel: each its own noise; a history of i tokens)
+        token, ok = sampler.next_token(logits[:1], [], position=i)
         assert not bool(ok)
-        plain.append(sampler.redraw(logits[:1], []))
-        draft, q = sampler.draft_token(logits[0], [])
+        plain.append(sampler.redraw(logits[:1], [], position=i))
+        draft, q = sampler.draft_token(logits[0], [], position=i)
         assert int((np.array(q) > 0).sum()) == cut  # what the draft was really drawn from
-        spec.append(sampler.verdict(logits, [], draft.reshape(1), q[None]).tokens[0])
+        spec.append(sampler.verdict(logits, [0] * i, draft.reshape(1), q[None]).tokens[0])
     live = p > 0
     for draws in (plain, spec):
         counts = np.bincount(draws, minlength=len(p))

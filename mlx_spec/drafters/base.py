@@ -165,7 +165,8 @@ def draft_rows_chain(step, ctxs: list[DraftContext], ks: list[int],
             if not live[r]:  # its drafts are done: a placeholder input, never used
                 chosen.append(mx.zeros((), mx.int32))
                 continue
-            token, q = sampler.draft_token(logits[r], seen[r])
+            token, q = sampler.draft_token(logits[r], seen[r],
+                                           position=len(ctxs[r].tokens) + i)
             if sampler.uses_history:
                 seen[r] = mx.concatenate([seen[r], token.reshape(1).astype(mx.int32)])
             tokens[r].append(token)

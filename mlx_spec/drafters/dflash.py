@@ -295,7 +295,7 @@ class DFlashDrafter(Drafter):
                 if sampler.uses_history else [])
         tokens, probs = [], []
         for i in range(k):  # each from its own q_i (a penalty reads the drafts before it)
-            token, q = sampler.draft_token(logits[i], seen)
+            token, q = sampler.draft_token(logits[i], seen, position=len(ctx.tokens) + i)
             if sampler.uses_history:
                 seen = mx.concatenate([seen, token.reshape(1).astype(mx.int32)])
             tokens.append(token)

@@ -326,8 +326,9 @@ class Conversation:
         tokens): the next token, lazy, started on the device; the step's hidden row for a
         hidden-state drafter; the sampler's check."""
         logits, h = self.target.forward(x, self.cache, hidden=self.wants_hidden)
-        self.cached += 1
-        y, exact = sampler.next_token(logits[-1:], self.tokens if history is None else history)
+        self.cached += 1  # = the position of the token this step draws
+        y, exact = sampler.next_token(logits[-1:], self.tokens if history is None else history,
+                                      position=self.cached)
         mx.async_eval([a for a in (y, h, exact) if a is not None])
         return _Step(y, h, exact, logits[-1:])
 
@@ -341,7 +342,7 @@ class Conversation:
         token, exact = mx.stack([step.token, step.exact.astype(mx.int32)]).tolist()
         if exact:
             return token, True
-        return sampler.redraw(step.logits, self.tokens), False
+        return sampler.redraw(step.logits, self.tokens, position=len(self.tokens)), False
 
 
 class _Step(NamedTuple):
