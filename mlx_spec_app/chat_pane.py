@@ -300,7 +300,9 @@ class ChatPane(VerticalScroll):
     def _race_done(self, plain: TurnEnd) -> None:
         last = self.last_turn
         if last is not None:
-            line = race_line(last.end, plain, self._settings.sampling.temperature == 0)
+            sampling = self._settings.sampling
+            line = race_line(last.end, plain, sampling.temperature == 0,
+                             seeded=sampling.invariant)
             if last.answer.is_attached:
                 last.answer.show_race(line)
             self.notify(line, title="Race", timeout=8)
@@ -334,8 +336,9 @@ class ChatPane(VerticalScroll):
         return sent
 
 
-def race_line(spec: TurnEnd, plain: TurnEnd, greedy: bool) -> str:
-    """Both runs' speed side by side; for greedy runs, whether the tokens were the same."""
+def race_line(spec: TurnEnd, plain: TurnEnd, greedy: bool, *, seeded: bool = False) -> str:
+    """Both runs' speed side by side; for greedy runs, whether the tokens were the same; for
+    seeded ones (drafter-invariant sampling) that they were, as they must be."""
     if plain.finish_reason == "cancelled":
         return "race stopped"
     a, b = spec.stats, plain.stats
@@ -345,4 +348,9 @@ def race_line(spec: TurnEnd, plain: TurnEnd, greedy: bool) -> str:
         n = min(len(spec.tokens), len(plain.tokens))
         same = spec.tokens[:n] == plain.tokens[:n]
         line += " │ same tokens" if same else " │ outputs differ (a near-tie)"
+    elif seeded:
+        n = min(len(spec.tokens), len(plain.tokens))
+        same = spec.tokens[:n] == plain.tokens[:n]
+        line += (" │ same tokens (seeded)" if same else
+                 " │ outputs differ (seeded: they must not, please report it)")
     return line

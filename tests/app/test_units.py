@@ -91,6 +91,12 @@ def test_race_line_reports_both_speeds_and_identity():
     assert "190.0 tok/s" in line and "target-only 100.0 tok/s" in line and "same tokens" in line
     assert "differ" in race_line(fast, TurnEnd(plain.stats, "stop", (1, 2, 4)), greedy=True)
     assert race_line(fast, TurnEnd(plain.stats, "cancelled"), greedy=True) == "race stopped"
+    # sampled: the texts differ and say nothing, unless seeded (drafter-invariant: they must
+    # be the same)
+    assert "tokens" not in race_line(fast, plain, greedy=False)
+    assert "same tokens (seeded)" in race_line(fast, plain, greedy=False, seeded=True)
+    parted = TurnEnd(plain.stats, "stop", (1, 2, 4))
+    assert "must not" in race_line(fast, parted, greedy=False, seeded=True)
 
 
 def test_buffer_and_answer_keep_span_offsets_aligned():
