@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import BenchConfig, bench, parity
 from benchmarks.__main__ import parse_args as parse_bench_args
 from benchmarks.demo import bench_demo
@@ -18,6 +20,7 @@ TINY = BenchConfig(hidden=256, layers=5, ffn=640, prompts=1, max_tokens=10, num_
                    long_context=(200,), parity_pairs=1, first_turn_temperatures=(0.0,))
 
 
+@pytest.mark.slow
 def test_bench_runs_and_greedy_rows_agree(tmp_path):
     result = bench(TINY, tmp_path, log=lambda s: None)
     assert result["greedy_identical"], result["greedy_mismatched_rows"]
@@ -69,6 +72,7 @@ def test_bench_runs_and_greedy_rows_agree(tmp_path):
     assert "TTFT prior ÷ k=2" in (tmp_path / "BENCH-first-turn.md").read_text()
 
 
+@pytest.mark.slow
 def test_demo_group_measures_the_variant_the_app_opens(tmp_path):
     """On a CPU backend the first run opens the bf16 demo target computed in f32; the group
     measures it (auto ÷ target-only in pairs) and the 8-bit one beside it."""

@@ -153,6 +153,7 @@ def test_padded_passes_keep_greedy_identity_and_the_context(pair, monkeypatch, k
     assert 16 in fed
 
 
+@pytest.mark.slow
 def test_block_speculation_samples_the_target_distribution(pair):
     target, tok, drafter = pair("soft")
     cfg = dict(temperature=1.0, top_p=0.9)

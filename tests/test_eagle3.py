@@ -178,6 +178,7 @@ def test_padded_passes_keep_greedy_identity_and_the_head_cache(pair, monkeypatch
     assert kind != "agree" or got.stats.accepted > 0
 
 
+@pytest.mark.slow
 def test_eagle3_speculation_samples_the_target_distribution(pair):
     target, tok, drafter = pair("soft")
     cfg = dict(temperature=1.0, top_p=0.9)

@@ -175,6 +175,7 @@ def test_a_draft_model_on_a_gemma4_target(pair, pair_dir):
 # -- T = 1 with top-p: exactly the target's distribution ---------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["soft"])
 def test_assistant_speculation_samples_the_target_distribution(pair, kind):
     target, tok, drafter = pair(kind)

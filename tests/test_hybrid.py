@@ -167,6 +167,7 @@ def test_multi_turn_prefix_reuse_and_history_rewrite(loaded, checkpoints):
     assert third.stats.reused_tokens == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", HYBRID)
 def test_hybrid_mtp_samples_the_target_distribution(loaded, checkpoints, arch):
     target, tok = loaded(arch)

@@ -100,6 +100,7 @@ def test_seeded_answers_in_a_batch_equal_each_alone(load):
         assert list(end.tokens) == target_only(target, tok, prompt, cfg, max_tokens=20)
 
 
+@pytest.mark.slow
 def test_invariant_speculation_samples_the_target_distribution(load):
     """Two-token answers over seeds (χ²). 5000 of them: seeds 0–2499 alone read p = 0.006 —
     and so does target-only decoding on them, token for token the same answers — where other

@@ -54,6 +54,7 @@ def test_mtp_greedy_identity_and_state(load, kind, arch, k):
     assert_turn_matches_fresh(engine, turn2, 10)
 
 
+@pytest.mark.slow
 def test_trained_mtp_sampling_matches_target_distribution():
     """The bundled demo pair's trained head: its drafts are accepted about half the time at
     these settings, so both the acceptance and the residual paths are exercised."""

@@ -106,6 +106,7 @@ def untrained_head(target_only):
     return Engine(target, target_only.tokenizer, MTPDrafter(head, cfg, target), draft_length=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter,k", [("ngram", 4), ("draft", 3), ("mtp", 2)])
 def test_every_drafter_is_greedy_identical_to_target_only(smollm2, target_only, reference,
                                                           drafter, k):
@@ -123,6 +124,7 @@ def test_every_drafter_is_greedy_identical_to_target_only(smollm2, target_only, 
         assert drafted > 0 and accepted / drafted > 0.9, (accepted, drafted)
 
 
+@pytest.mark.slow
 async def test_a_gguf_in_lm_studio_is_first_in_the_apps_list_and_opens(smollm2, monkeypatch,
                                                                        tmp_path):
     """First run, nothing named: the welcome lists the GGUF found in LM Studio's folder above
