@@ -236,3 +236,71 @@ def test_a_head_from_the_target_s_last_layer_starts_as_that_layer(load):
     got = head.layers[0](into, keys, values, rope, 0, "causal")
     np.testing.assert_allclose(np.array(got), np.array(out), atol=2e-4)
     assert cfg.kv_layer == -1 and cfg.num_layers == 1 and cfg.hidden_size == target.hidden_size
+
+
+def test_a_run_stopped_part_way_leaves_a_head_that_drafts(load, tmp_path):
+    """The head (config and weights) is written at every checkpoint: killed after its first
+    one, the directory loads and drafts, and says it is not complete."""
+    import json
+
+    target, tok = load("qwen3")
+    tokens = np.random.default_rng(0).integers(3, 300, 5000)
+    data = build_training_set(target, tokens, DC, n_generated=8, log=lambda s: None)
+    cfg = MTPConfig.for_target(target, "shared-kv", hidden_size=48, num_layers=1,
+                               intermediate_size=64)
+
+    def killed(step, total, loss, rate):
+        if step == DC.save_every + 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        distill_mtp(target, data, cfg, DC, tmp_path / "mtp", progress=killed)
+    info = json.loads((tmp_path / "mtp" / "mtp_config.json").read_text())["train"]
+    assert info["steps"] == DC.save_every and info["complete"] is False
+    drafter = load_mtp_drafter(tmp_path / "mtp", target)
+    end = list(conversation(target, tok, drafter, draft_length=3)
+               .generate(list(range(5, 20)), max_tokens=8))[-1]
+    assert end.stats.drafted > 0
+    assert not list((tmp_path / "mtp").glob(".*partial*"))  # nothing half-written left
+
+
+def test_a_resume_with_other_settings_is_one_line(model_dirs, tmp_path, capsys):
+    data = tmp_path / "data.txt"
+    data.write_text("def f(x):\n    return x + 1\n" * 200)
+    args = ["train-drafter", "--target", str(model_dirs("qwen3")), "--data", str(data),
+            "--steps", "3", "--out", str(tmp_path / "head"), "--batch-size", "2",
+            "--seq-len", "32", "--kind", "shared-kv"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main([*args[:-4], "--seq-len", "48", "--kind", "shared-kv"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--seq-len 32" in err[0] and "resume with those" in err[0]
+
+
+def test_a_wall_deadline_keeps_room_for_the_last_scoring():
+    """loop.train stops where what is left of the deadline is no more than the longest
+    scoring so far (here one the caller timed: 1 h), after at least one step, saved and
+    scored at the end."""
+    import time
+
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from mlx_spec.train.loop import Schedule, train
+
+    model = nn.Linear(4, 4)
+    x = mx.ones((2, 4))
+    saved, scored = [], []
+    train(model, lambda x: (model(x) ** 2).mean(), lambda step: (x,),
+          Schedule(steps=1000, lr=1e-3, warmup=1), _tmp_checkpoint(),
+          evaluate=(1e9, lambda step, t: scored.append(step)),
+          deadline=time.perf_counter() + 30.0, reserve=3600.0,
+          saved=lambda step, loss: saved.append(step))
+    assert saved == [1] and scored == [1]
+
+
+def _tmp_checkpoint():
+    import tempfile
+    from pathlib import Path
+
+    return Path(tempfile.mkdtemp()) / "checkpoint.safetensors"

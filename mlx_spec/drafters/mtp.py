@@ -385,9 +385,15 @@ class MTPDrafter(Drafter):
 
 
 def save_mtp(out: Path, head: nn.Module, cfg: MTPConfig, extra: dict | None = None) -> None:
+    """Weights, then the config, each written aside and renamed into place: a run killed
+    while saving (train-drafter saves at every checkpoint) leaves the last whole head."""
     out.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(out / WEIGHTS_FILE), dict(tree_flatten(head.parameters())))
-    (out / CONFIG_FILE).write_text(json.dumps({**asdict(cfg), **(extra or {})}, indent=2))
+    tmp = out / f".{WEIGHTS_FILE}.partial.safetensors"
+    mx.save_safetensors(str(tmp), dict(tree_flatten(head.parameters())))
+    tmp.replace(out / WEIGHTS_FILE)
+    tmp = out / f".{CONFIG_FILE}.partial"
+    tmp.write_text(json.dumps({**asdict(cfg), **(extra or {})}, indent=2))
+    tmp.replace(out / CONFIG_FILE)
 
 
 def load_mtp_drafter(path: str | Path, target: TargetModel) -> MTPDrafter:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,9 +105,10 @@ def _progress(step: int, total: int, loss: float, rate: float) -> None:
 
 def _train(module: nn.Module, loss_fn, data: np.ndarray, dc: DistillConfig, workdir: Path,
            progress=_progress, *, seconds: float | None = None, evaluate=None,
-           extra: Callable[[int], tuple] | None = None) -> float:
+           extra: Callable[[int], tuple] | None = None, **wall) -> float:
     """Rows of `data` drawn by (seed, step), through the shared loop (loop.py); `seconds`: a
-    training-time budget instead of dc.steps; extra(step): more inputs to the loss."""
+    training-time budget instead of dc.steps; extra(step): more inputs to the loss; wall:
+    loop.train's deadline, reserve and saved."""
 
     def batch(step: int) -> tuple[mx.array, ...]:
         rng = np.random.default_rng((dc.seed, step))
@@ -116,7 +118,7 @@ def _train(module: nn.Module, loss_fn, data: np.ndarray, dc: DistillConfig, work
     schedule = Schedule(steps=dc.steps if seconds is None else 10**9, lr=dc.lr,
                         warmup=dc.warmup, save_every=dc.save_every, seconds=seconds)
     return train(module, loss_fn, batch, schedule, workdir / "checkpoint.safetensors", progress,
-                 evaluate)
+                 evaluate, **wall)
 
 
 def held_out_scores(target: TargetModel, tokenizer: Any, drafter, prompts: list[list[int]], *,
@@ -199,12 +201,14 @@ def eagle3_trainee(target: TargetModel, depth: int, seed: int = 0,
 def distill_head(target: TargetModel, data: np.ndarray, t: Trainee, dc: DistillConfig,
                  out: Path, progress=_progress, *, seconds: float | None = None,
                  evaluate=None, held: np.ndarray | None = None,
-                 eval_every: float | None = None) -> dict:
-    """Train `t.head` on rows of token ids; write `out/`. held: held-out rows the
-    per-position acceptance (hence the loss weights) is estimated on (default: a few training
-    rows). evaluate(drafter) -> held-out scores (held_out_scores), before training and every
-    `eval_every` training seconds (default: a quarter of the budget, at least a minute): the
-    curve goes into the head's metadata. Returns that metadata."""
+                 eval_every: float | None = None, deadline: float | None = None) -> dict:
+    """Train `t.head` on rows of token ids; write `out/`: the head (config and weights) at
+    every checkpoint, so a run killed part-way still leaves one that drafts. held: held-out
+    rows the per-position acceptance (hence the loss weights) is estimated on (default: a few
+    training rows). evaluate(drafter) -> held-out scores (held_out_scores), before training
+    and every `eval_every` training seconds (default: a quarter of the budget, at least a
+    minute): the curve goes into the head's metadata. deadline: the wall-clock end
+    (time.perf_counter()) the whole of it keeps to, scoring included. Returns the metadata."""
     target.model.freeze()
     rows = mx.array((held if held is not None else data[:4]).astype(np.int32))
     weights = PositionWeights(dc.depth, lambda: acceptance(t.steps(rows, dc.depth)),
@@ -228,22 +232,31 @@ def distill_head(target: TargetModel, data: np.ndarray, t: Trainee, dc: DistillC
                   f"{point['tokens_per_pass_k8']:.2f} at k=8; per position at k=8: {acc}",
                   file=sys.stderr, flush=True)
 
-        if not resumed:
-            record(0, 0.0)  # the curve starts at the untrained head
         hook = (every, record)
+    reserve = 0.0
+    if hook is not None and not resumed:
+        started = time.perf_counter()
+        record(0, 0.0)  # the curve starts at the untrained head
+        reserve = time.perf_counter() - started  # what each scoring costs, as measured
+
+    def info(steps: int, loss: float, done: bool) -> dict:
+        return {"steps": steps, "final_loss": loss, "depth": dc.depth, "complete": done,
+                "position_weights": weights.describe(), "held_out": curve}
+
     final = _train(t.head, loss_fn, data, dc, out / "train", progress, seconds=seconds,
-                   evaluate=hook, extra=lambda step: (weights.at(step),))
-    steps = checkpoint_step(out / "train" / "checkpoint.safetensors")
-    info = {"steps": steps, "final_loss": final, "depth": dc.depth,
-            "position_weights": weights.describe(), "held_out": curve}
-    t.save(out, info)
-    return info
+                   evaluate=hook, extra=lambda step: (weights.at(step),), deadline=deadline,
+                   reserve=reserve, saved=lambda step, loss: t.save(out, info(step, loss,
+                                                                           False)))
+    done = info(checkpoint_step(out / "train" / "checkpoint.safetensors"), final, True)
+    t.save(out, done)
+    return done
 
 
 def distill_mtp(target: TargetModel, data: np.ndarray, cfg: MTPConfig, dc: DistillConfig,
                 out: Path, progress=_progress, *, seconds: float | None = None,
                 evaluate=None, held: np.ndarray | None = None,
-                eval_every: float | None = None, init: Path | None = None) -> nn.Module:
+                eval_every: float | None = None, init: Path | None = None,
+                deadline: float | None = None) -> nn.Module:
     """An MTP head of `cfg` for `target` (distill_head); writes `out/` (config + weights).
     init: a head directory of the same config to start from (a fresh run only; a resumed
     one continues from its checkpoint)."""
@@ -252,14 +265,14 @@ def distill_mtp(target: TargetModel, data: np.ndarray, cfg: MTPConfig, dc: Disti
     if init is not None and not (out / "train" / "checkpoint.safetensors").exists():
         t.head.load_weights(str(Path(init) / WEIGHTS_FILE), strict=True)
     distill_head(target, data, t, dc, out, progress, seconds=seconds, evaluate=evaluate,
-                 held=held, eval_every=eval_every)
+                 held=held, eval_every=eval_every, deadline=deadline)
     return t.head
 
 
 def distill_eagle3(target: TargetModel, data: np.ndarray, dc: DistillConfig, out: Path,
                    progress=_progress, *, seconds: float | None = None, evaluate=None,
                    held: np.ndarray | None = None, eval_every: float | None = None,
-                   draft_vocab: int | None = None) -> nn.Module:
+                   draft_vocab: int | None = None, deadline: float | None = None) -> nn.Module:
     """An EAGLE-3 head for `target` (distill_head); writes `out/` in the speculators format.
     draft_vocab: a reduced draft vocabulary of the tokens most frequent in `data`."""
     from .eagle3 import draft_vocabulary
@@ -269,7 +282,7 @@ def distill_eagle3(target: TargetModel, data: np.ndarray, dc: DistillConfig, out
                                                               draft_vocab)
     t, _ = eagle3_trainee(target, dc.depth, dc.seed, vocab)
     distill_head(target, data, t, dc, out, progress, seconds=seconds, evaluate=evaluate,
-                 held=held, eval_every=eval_every)
+                 held=held, eval_every=eval_every, deadline=deadline)
     return t.head
 
 
@@ -316,6 +329,26 @@ def _resume_keys(target: TargetModel, cfg: MTPConfig | None, depth: int,
     config = speculators_config(target, depth, draft_vocab=draft_vocab)
     keys = ("target_hidden_size", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids")
     return {k: config[k] for k in keys}, "config.json"
+
+
+RESUMED_SETTINGS = {"depth": "--depth", "batch_size": "--batch-size", "seq_len": "--seq-len"}
+
+
+def check_settings(out: Path, dc: DistillConfig) -> None:
+    """A checkpoint in `out` resumes only with the settings it was trained with (another
+    depth, batch or row length would silently train another recipe on top of it); a fresh run
+    records them."""
+    path = out / "train" / "settings.json"
+    want = {k: getattr(dc, k) for k in RESUMED_SETTINGS}
+    if (out / "train" / "checkpoint.safetensors").exists() and path.exists():
+        old = json.loads(path.read_text())
+        if any(old.get(k) != v for k, v in want.items()):
+            was = " ".join(f"{flag} {old.get(k)}" for k, flag in RESUMED_SETTINGS.items())
+            raise MlxSpecError(f"{out} was trained with {was}: resume with those, or choose "
+                               "another --out")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(want))
 
 
 def _check_resume(out: Path, want: dict, config_file: str) -> None:
@@ -401,6 +434,7 @@ def cmd_train_drafter(args) -> int:
     if draft_vocab is not None and not eagle:
         raise MlxSpecError("--draft-vocab is for --kind eagle3 (a head with its own lm_head)")
     _check_resume(out, *_resume_keys(target, cfg, dc.depth, draft_vocab))  # before any data
+    check_settings(out, dc)
     n_gen = 256 if budget else min(256, max(32, dc.steps // 4))
     data = build_training_set(target, tokens, dc, n_gen, log, prompts=prompts,
                               seconds=budget * 0.25 if budget else None)
@@ -410,7 +444,8 @@ def cmd_train_drafter(args) -> int:
     def evaluate(drafter) -> dict:
         return held_out_scores(target, tokenizer, drafter, held_out)
 
-    run = dict(progress=Progress(), seconds=seconds, evaluate=evaluate, held=held)
+    run = dict(progress=Progress(), seconds=seconds, evaluate=evaluate, held=held,
+               deadline=None if budget is None else t0 + budget)
     if eagle:
         distill_eagle3(target, data, dc, out, draft_vocab=draft_vocab, **run)
     else:

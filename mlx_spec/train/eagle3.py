@@ -173,6 +173,12 @@ def save_speculators(out: Path, head: Eagle3Head, config: dict, train: dict) -> 
     if head.cfg.draft_vocab_size < head.cfg.vocab_size:
         weights["d2t"] = head.d2t.astype(mx.int64)
         weights["t2d"] = head.drafted()
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    (out / TRAIN_FILE).write_text(json.dumps(train, indent=2))
+    # each written aside and renamed into place: a run killed while saving (train-drafter
+    # saves at every checkpoint) leaves the last whole head
+    tmp = out / ".model.partial.safetensors"
+    mx.save_safetensors(str(tmp), weights, metadata={"format": "pt"})
+    tmp.replace(out / "model.safetensors")
+    for name, value in (("config.json", config), (TRAIN_FILE, train)):
+        tmp = out / f".{name}.partial"
+        tmp.write_text(json.dumps(value, indent=2))
+        tmp.replace(out / name)

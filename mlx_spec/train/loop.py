@@ -57,10 +57,15 @@ class Schedule:
 def train(module: nn.Module, loss_fn: Callable[..., mx.array],
           batch: Callable[[int], tuple[mx.array, ...]], schedule: Schedule, checkpoint: Path,
           progress: Progress | None = None,
-          evaluate: tuple[float, Callable[[int, float], None]] | None = None) -> float:
+          evaluate: tuple[float, Callable[[int, float], None]] | None = None, *,
+          deadline: float | None = None, reserve: float = 0.0,
+          saved: Callable[[int, float], None] | None = None) -> float:
     """Optimise `module`'s trainable parameters on loss_fn(*batch(step)); returns the final
     running loss (an exponential average, 0.95). evaluate = (every seconds, fn(step, training
-    seconds so far)): called that often and at the end; its own time is not training time."""
+    seconds so far)): called that often and at the end; its own time is not training time.
+    deadline: a wall-clock end (time.perf_counter()) that the last evaluation must fit before
+    too: training stops when what is left is no more than the longest evaluation so far
+    (`reserve`: one the caller timed before). saved(step, loss): after every checkpoint."""
     opt = schedule.optimizer()
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     start = load_checkpoint(checkpoint, module, opt) if checkpoint.exists() else 0
@@ -75,7 +80,12 @@ def train(module: nn.Module, loss_fn: Callable[..., mx.array],
 
     running, trained, step = math.nan, 0.0, start
     next_eval = evaluate[0] if evaluate else math.inf
-    while step < schedule.steps and (schedule.seconds is None or trained < schedule.seconds):
+
+    def late() -> bool:
+        return deadline is not None and time.perf_counter() + reserve >= deadline
+
+    while (step < schedule.steps and (schedule.seconds is None or trained < schedule.seconds)
+           and not (late() and step > start)):
         t = time.perf_counter()
         if schedule.seconds is not None:
             opt.learning_rate = schedule.lr_at(step, trained)
@@ -85,15 +95,19 @@ def train(module: nn.Module, loss_fn: Callable[..., mx.array],
         step += 1
         running = loss.item() if math.isnan(running) else 0.95 * running + 0.05 * loss.item()
         rate = (step - start) / trained
-        timed_out = schedule.seconds is not None and trained >= schedule.seconds
+        timed_out = schedule.seconds is not None and trained >= schedule.seconds or late()
         if progress is not None:  # a timed run's total: what the remaining time will allow
             total = (schedule.steps if schedule.seconds is None else
                      step + int(rate * max(0.0, schedule.seconds - trained)))
             progress(step, total, running, rate)
         if step % schedule.save_every == 0 or step == schedule.steps or timed_out:
             save_checkpoint(checkpoint, module, opt, step)
+            if saved is not None:
+                saved(step, running)
         if evaluate and (trained >= next_eval or step == schedule.steps or timed_out):
+            t = time.perf_counter()
             evaluate[1](step, trained)
+            reserve = max(reserve, time.perf_counter() - t)
             next_eval = trained + evaluate[0]
     return running
 
