@@ -130,7 +130,7 @@ def redraws_counted(monkeypatch):
     monkeypatch.setattr(sampling, "CANDIDATES", 4)
     calls, redraw = [], sampling.Sampler.redraw
     monkeypatch.setattr(sampling.Sampler, "redraw",
-                        lambda self, *a: calls.append(1) or redraw(self, *a))
+                        lambda self, *a, **kw: calls.append(1) or redraw(self, *a, **kw))
     return calls
 
 
@@ -141,10 +141,11 @@ def test_top_p_fall_back_keeps_every_cache_equal_to_a_recompute(load, monkeypatc
 
     redraws = redraws_counted(monkeypatch)
     target, tok = load("llama")
-    cfg = SamplingConfig(temperature=1.0, top_p=0.9, seed=1)
-    for drafter in (None, DraftModelDrafter(target, target)):
-        engine = conversation(target, tok, drafter, draft_length=3)
-        rounds = checked(engine)
-        end, _ = run(engine, max_tokens=24, sampling=cfg)
-        assert len(end.tokens) == 24 and rounds
-    assert len(redraws) >= 20
+    for coupling in ("leviathan", "gumbel"):
+        cfg = SamplingConfig(temperature=1.0, top_p=0.9, seed=1, coupling=coupling)
+        for drafter in (None, DraftModelDrafter(target, target)):
+            engine = conversation(target, tok, drafter, draft_length=3)
+            rounds = checked(engine)
+            end, _ = run(engine, max_tokens=24, sampling=cfg)
+            assert len(end.tokens) == 24 and rounds
+    assert len(redraws) >= 40
