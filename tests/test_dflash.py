@@ -123,6 +123,22 @@ def test_known_answer_block_is_always_accepted(pair, k):
     assert end.stats.drafted >= k and end.stats.accepted == end.stats.drafted, end.stats
 
 
+@pytest.mark.parametrize("kind", ["random", "hybrid"])
+def test_a_seeded_sampled_answer_is_the_target_only_one(pair, kind):
+    """Drafter-invariant sampling (sampling.py): seeded at T = 1, the block drafter's answer
+    is target-only decoding's for that seed, token for token; caches a recompute."""
+    target, tok, drafter = pair(kind)
+    for seed in range(3):
+        cfg = SamplingConfig(temperature=1.0, seed=seed)
+        want, _ = run(conversation(target, tok, None), prompt=PROMPT, max_tokens=24,
+                      sampling=cfg)
+        for k in (3, 15):
+            engine = conversation(target, tok, drafter, draft_length=k)
+            checked(engine)
+            got, _ = run(engine, prompt=PROMPT, max_tokens=24, sampling=cfg)
+            assert got.tokens == want.tokens and got.stats.drafted > 0, (seed, k)
+
+
 @pytest.mark.parametrize("kind", ["random", "hybrid"])  # plain and Gated DeltaNet targets
 @pytest.mark.parametrize("k", [1, 7, 15])  # block lengths 2, 8, 16
 def test_greedy_identity_and_context_equals_recompute(pair, kind, k):

@@ -144,6 +144,23 @@ def test_known_answer_head_drafts_the_next_token(pair, kind):
             assert end.stats.tokens_per_pass >= 2 - 1 / end.stats.target_passes, end.stats
 
 
+@pytest.mark.parametrize("kind", ["random", "agree"])
+def test_a_seeded_sampled_answer_is_the_target_only_one(pair, kind):
+    """Drafter-invariant sampling (sampling.py): seeded at T = 1, the EAGLE-3 head's answer is
+    target-only decoding's for that seed, token for token, at every k; caches a recompute."""
+    target, tok, drafter = pair(kind)
+    prompt = orbit(PROMPT[0], 20) if kind == "agree" else PROMPT
+    for seed in range(3):
+        cfg = SamplingConfig(temperature=1.0, top_p=0.95, seed=seed)
+        want, _ = run(conversation(target, tok, None), prompt=prompt, max_tokens=24,
+                      sampling=cfg)
+        for k in (1, 4):
+            engine = conversation(target, tok, drafter, draft_length=k)
+            checked(engine)
+            got, _ = run(engine, prompt=prompt, max_tokens=24, sampling=cfg)
+            assert got.tokens == want.tokens and got.stats.drafted > 0, (seed, k)
+
+
 @pytest.mark.parametrize("kind", ["random", "agree", "random-flags"])
 def test_greedy_identity_and_head_cache_equals_recompute(pair, kind):
     target, tok, drafter = pair(kind)

@@ -146,6 +146,21 @@ def test_greedy_identity_and_caches_equal_a_recompute(pair, kind):
         np.testing.assert_allclose(np.array(state.h[0, 0]), np.array(h[-1]), atol=2e-4)
 
 
+@pytest.mark.parametrize("kind", ["random", "partial"])
+def test_a_seeded_sampled_answer_is_the_target_only_one(pair, kind):
+    """Drafter-invariant sampling (sampling.py): seeded at T = 1, the assistant's answer is
+    target-only decoding's for that seed, token for token; caches a recompute every round."""
+    target, tok, drafter = pair(kind)
+    for seed in range(3):
+        cfg = SamplingConfig(temperature=1.0, top_k=20, seed=seed)
+        want, _ = run(conversation(target, tok, None), max_tokens=24, sampling=cfg)
+        for k in (1, 4):
+            engine = conversation(target, tok, drafter, draft_length=k)
+            checked(engine)
+            got, _ = run(engine, max_tokens=24, sampling=cfg)
+            assert got.tokens == want.tokens and got.stats.drafted > 0, (seed, k)
+
+
 def test_multi_turn_and_long_past_the_window_drop(pair):
     """300 tokens: the sliding caches drop their oldest entries (in steps of 256) while
     rounds roll back; a second turn reuses the prefix. Both equal target-only decoding."""

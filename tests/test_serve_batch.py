@@ -71,6 +71,21 @@ def scrape(server) -> dict[str, float]:
             for line in text.splitlines() if line and not line.startswith("#")}
 
 
+def together(ask, n: int, timeout: float = 120) -> None:
+    """ask(0..n-1) on n threads released at once (a barrier), all joined."""
+    start = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        start.wait()
+        ask(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+
+
 def alone(engine: Engine, messages, max_tokens, **sampling) -> str:
     conv = engine.conversation()
     events = list(conv.generate(encode_chat(engine.tokenizer, messages), max_tokens=max_tokens,
@@ -87,20 +102,14 @@ def test_four_streams_with_each_drafter_equal_their_request_alone(engines, kind)
     asks = [dict(messages=[{"role": "user", "content": "def f(x):" + " x" * i}], max_tokens=16,
                  temperature=0.0 if i % 2 else 1.0, seed=i) for i in range(4)]
     got: dict[int, str] = {}
-    start = threading.Barrier(4)
 
     def ask(i: int) -> None:
-        start.wait()
         stream = client.chat.completions.create(model="x", stream=True, **asks[i])
         got[i] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
     try:
         before = scrape(server)
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        together(ask, 4)
         after = scrape(server)
     finally:
         server.close()
@@ -250,17 +259,7 @@ def test_a_seeded_request_is_the_same_alone_beside_others_and_without_speculatio
         got: dict[int, str] = {}
         greedy = [dict(messages=[{"role": "user", "content": "class A" + "a" * i}],
                        max_tokens=24, temperature=0.0) for i in range(4)]
-        start = threading.Barrier(5)
-
-        def run(i: int) -> None:
-            start.wait()
-            got[i] = ask(seeded if i == 4 else greedy[i])
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(5)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        together(lambda i: got.__setitem__(i, ask(seeded if i == 4 else greedy[i])), 5)
         passes = scrape(server)
     finally:
         server.close()
