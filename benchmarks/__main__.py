@@ -19,8 +19,9 @@ HELP = ("all: the full run (docs/BENCH.md, with published and first-turn); publi
         "(BENCH-serve.md); distributed: the target split over 2 ranks as the link slows "
         "(BENCH-distributed.md); demo: the bundled pair as a first run opens it (BENCH-demo.md); "
         "real: published GGUF models (BENCH-real.md); coupling: seeded (drafter-invariant) "
-        "against Leviathan acceptance (BENCH-coupling.md); serve, distributed, real and "
-        "coupling are not part of all")
+        "against Leviathan acceptance (BENCH-coupling.md); soak: the server held under a mixed "
+        "load of SDK clients (BENCH-soak.md); serve, distributed, real, coupling and soak are "
+        "not part of all")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

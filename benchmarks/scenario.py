@@ -57,6 +57,7 @@ from .runners import (
     verify_costs,
 )
 from .serve import bench_serve
+from .soak import bench_soak
 from .vocab import vocabulary_cost
 from .widen import parameter_count, quantized
 
@@ -404,4 +405,4 @@ def _real(cfg: BenchConfig, out: Path, log) -> dict:
 
 GROUPS = {"all": bench, "published": bench_published, "first-turn": bench_first_turn,
           "serve": bench_serve, "distributed": bench_distributed, "demo": bench_demo,
-          "real": _real, "coupling": bench_coupling}
+          "real": _real, "coupling": bench_coupling, "soak": bench_soak}

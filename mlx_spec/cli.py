@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "but /health")
     sv.add_argument("--max-concurrency", type=positive_int, default=4,
                     help="requests generating at once (more wait in a queue)")
+    sv.add_argument("--max-queue", type=positive_int, default=64,
+                    help="requests waiting at most; more are answered 429 at once")
 
     cal = sub.add_parser("calibrate", help="measure a model's costs and target-only speed on "
                                             "this machine now (saved; `auto` reads them)")
@@ -230,7 +232,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = load_engine(fetched(spec_from_args(args)))
     try:
         server = Server(engine, host=args.host, port=args.port, api_key=args.api_key,
-                        max_concurrency=args.max_concurrency)
+                        max_concurrency=args.max_concurrency, max_queue=args.max_queue)
     except OSError as e:
         raise MlxSpecError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
     drafter = engine.drafter.name if engine.drafter is not None else "none"

@@ -170,6 +170,26 @@ def test_a_client_that_goes_away_frees_its_slot(server, client):
     assert client.chat.completions.create(model="x", messages=CHAT, max_tokens=4).choices
 
 
+def test_a_connection_reset_prints_no_traceback(server, capfd):
+    """A client that resets its connection (a keep-alive socket dropped, a killed process) is
+    the client's business: the server prints nothing for it, and goes on answering."""
+    import socket
+    import struct
+
+    host, port = server.httpd.server_address[:2]
+    for _ in range(3):
+        s = socket.create_connection((host, port))
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # a request never finished
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()  # RST, not FIN
+    threading.Event().wait(0.5)
+    c = http.client.HTTPConnection(host, port, timeout=30)
+    c.request("GET", "/health")
+    assert c.getresponse().status == 200
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ConnectionResetError" not in err
+
+
 def test_the_cli_serves_the_demo_pair_and_stops(tmp_path):
     """`mlx-spec serve` as a process: prints its URL, answers, and ctrl+c ends it with 0."""
     import os

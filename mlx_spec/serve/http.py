@@ -30,6 +30,23 @@ PARSE = {"chat": parse_chat, "completion": parse_completion,
          "messages": anthropic.parse_messages}
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away (reset, a closed pipe) is the client's business: nothing
+        printed. Anything else: one line, never a traceback (MLX_SPEC_DEBUG=1 shows it)."""
+        import os
+        import sys
+
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError):
+            return
+        if os.environ.get("MLX_SPEC_DEBUG"):
+            super().handle_error(request, client_address)
+            return
+        print(f"mlx-spec: serve: a request from {client_address[0]} failed: "
+              f"{type(error).__name__}: {error}", file=sys.stderr)
+
+
 class Server:
     """`mlx-spec serve`: the engine behind OpenAI-compatible endpoints on host:port."""
 
@@ -40,7 +57,7 @@ class Server:
         self.drafter = kind_of(engine.drafter.name) if engine.drafter is not None else "none"
         self.scheduler = Scheduler(engine, max_concurrency=max_concurrency, max_queue=max_queue)
         handler = type("Handler", (_Handler,), {"server_state": self})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd = _HTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
 
     @property

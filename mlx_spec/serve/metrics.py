@@ -100,6 +100,7 @@ class Metrics:
                 (OWN + "verify_rounds_total", "counter",
                  "Requests' rounds those passes verified (÷ passes: the mean batch).",
                  self.verify_rows),
+                *memory_gauges(),
             ):
                 name = name if name.startswith(OWN) else PREFIX + name
                 lines += [f"# HELP {name} {help}", f"# TYPE {name} {kind}", f"{name} {value}"]
@@ -108,3 +109,15 @@ class Metrics:
                       f"# TYPE {name} counter"]
             lines += [f'{name}{{position="{i}"}} {a}' for i, a in enumerate(self.accepted_per_pos)]
             return "\n".join(lines + self.ttft.render() + self.itl.render()) + "\n"
+
+
+def memory_gauges() -> list[tuple[str, str, str, int]]:
+    """MLX's memory now: what arrays hold, and what its allocator keeps cached for reuse
+    (freed buffers it has not returned: a server's memory growth is one or the other)."""
+    import mlx.core as mx
+
+    return [(OWN + "mlx_active_memory_bytes", "gauge", "Memory MLX arrays hold now.",
+             mx.get_active_memory()),
+            (OWN + "mlx_cache_memory_bytes", "gauge",
+             "Memory MLX's allocator keeps cached for reuse.", mx.get_cache_memory())]
+

@@ -1,0 +1,269 @@
+"""`python -m benchmarks --group soak`: `mlx-spec serve` held under a long mixed load.
+
+The server runs as its own process on 127.0.0.1 (the demo pair, its defaults: MTP + lookup,
+k = auto), so its memory is its own (VmRSS sampled every second). `clients` threads of the
+official openai and anthropic SDKs send, until the time or the count runs out: chat and
+completions, streamed and whole; Anthropic messages, streamed and whole; tool calls; seeded
+T = 1 and greedy requests; clients that hang up after three events; prompts longer than the
+context; and more at once than the queue holds. Every request must end answered or refused
+with its status (lost: an SDK connection error or timeout), greedy answers must equal the same
+request sent alone afterwards, the memory after warm-up must stay flat, and /metrics must count
+what the clients saw. Bounded in time and count, loopback only; it stops by itself. Results:
+docs/BENCH-soak.md, docs/bench-soak.json. Timings are measured here, never asserted by tests.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .report import reproduce_line, write_json
+from .runners import BenchConfig, machine
+from .serve_clients import HOST, free_ports, launched, wait_ready
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    clients: int = 16
+    seconds: float = 180.0
+    max_requests: int = 3000
+    max_tokens: int = 24
+    max_concurrency: int = 4
+    max_queue: int = 8  # 16 clients against 4 + 8 places: the queue fills, 429s are expected
+
+
+GREEDY = ["def parse(self, elements):", "class Stack:", "import os\n\ndef walk(path):",
+          "for i in range(10):"]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+KINDS = ("chat", "chat-stream", "completion", "completion-stream", "messages",
+         "messages-stream", "tools", "seeded", "hang-up", "over-long")
+
+
+def bench_soak(cfg: BenchConfig, out: Path, log=print, soak: SoakConfig = SoakConfig()
+               ) -> dict[str, Any]:
+    started = time.perf_counter()
+    port = free_ports(1)[0]
+    url = f"http://{HOST}:{port}"
+    logfile = Path(tempfile.mkdtemp(prefix="mlx-spec-soak-")) / "serve.log"
+    cmd = [sys.executable, "-m", "mlx_spec.cli", "serve", "--host", HOST, "--port", str(port),
+           "--max-concurrency", str(soak.max_concurrency), "--max-queue", str(soak.max_queue)]
+    with launched(cmd, logfile) as proc:
+        wait_ready(proc, url, 180, logfile)
+        rss: list[tuple[float, int]] = []
+        mlx: list[tuple[float, float, float]] = []
+        stop = threading.Event()
+        sampler = threading.Thread(target=sample_rss, args=(proc.pid, rss, stop, url, mlx),
+                                   daemon=True)
+        sampler.start()
+        outcomes = load(url, soak, log)
+        stop.set()
+        sampler.join(5)
+        alone = {p: ask(url, "chat", p, soak)[1] for p in GREEDY}  # each sent alone, after
+        metrics = scrape(url)
+        traceback = "Traceback" in logfile.read_text(errors="replace")
+    result = summarise(outcomes, alone, rss, metrics, soak, traceback)
+    t0 = rss[0][0] if rss else 0.0
+    result["memory_mb"] = [  # every 10 s: (seconds, RSS) and every 5 s: MLX active, cached
+        [round(t - t0), round(b / 2**20)] for t, b in rss[::10]]
+    result["mlx_mb"] = [[round(t - t0), round(a / 2**20), round(c / 2**20)] for t, a, c in mlx]
+    result.update({"machine": machine(), "config": asdict(cfg), "soak": asdict(soak),
+                   "minutes": (time.perf_counter() - started) / 60})
+    write_json(result, out / "bench-soak.json")
+    (out / "BENCH-soak.md").write_text("\n".join(report(result)) + "\n")
+    log("\n".join(report(result)))
+    return result
+
+
+def sample_rss(pid: int, out: list[tuple[float, int]], stop: threading.Event,
+               url: str | None = None, mlx: list[tuple[float, float, float]] | None = None
+               ) -> None:
+    """VmRSS every second; every 5 s also MLX's active and cached memory (/metrics)."""
+    tick = 0
+    while not stop.wait(1.0):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return
+        kb = next(int(line.split()[1]) for line in status.splitlines()
+                  if line.startswith("VmRSS:"))
+        out.append((time.monotonic(), kb * 1024))
+        tick += 1
+        if url is not None and mlx is not None and tick % 5 == 0:
+            try:
+                m = scrape(url)
+            except OSError:
+                continue
+            mlx.append((time.monotonic(), m.get("mlx_spec:mlx_active_memory_bytes", 0.0),
+                        m.get("mlx_spec:mlx_cache_memory_bytes", 0.0)))
+
+
+def load(url: str, soak: SoakConfig, log) -> list[dict[str, Any]]:
+    """The clients, until the time or the count runs out: each request's outcome."""
+    outcomes: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + soak.seconds
+
+    def client(c: int) -> None:
+        rng = random.Random(c)
+        while time.monotonic() < deadline:
+            with lock:
+                if len(outcomes) >= soak.max_requests:
+                    return
+            kind = rng.choice(KINDS)
+            prompt = rng.choice(GREEDY)
+            t = time.monotonic()
+            status, text, first = ask(url, kind, prompt, soak, seed=rng.randrange(1000))
+            if status == "429":  # a full queue: back off as a client should, then try again
+                time.sleep(0.5 + rng.random())
+            with lock:
+                outcomes.append({"kind": kind, "prompt": prompt, "status": status, "text": text,
+                                 "ttft_s": None if first is None else first - t,
+                                 "seconds": time.monotonic() - t})
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(soak.clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(soak.seconds + 300)
+    log(f"soak: {len(outcomes)} requests in {soak.seconds:.0f} s")
+    return outcomes
+
+
+def ask(url: str, kind: str, prompt: str, soak: SoakConfig, seed: int = 0
+        ) -> tuple[str, str, float | None]:
+    """One request of `kind`: (status — "200", "400", "429", …, or "lost: <error>", or
+    "hung up" —, its text, when its first event came)."""
+    import anthropic
+    import openai
+
+    oa = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
+    an = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, timeout=300)
+    messages = [{"role": "user", "content": prompt}]
+    n = soak.max_tokens
+    try:
+        if kind in ("chat", "tools", "seeded", "over-long"):
+            extra: dict[str, Any] = {"temperature": 0.0}
+            if kind == "tools":
+                extra["tools"] = TOOLS
+            if kind == "seeded":
+                extra = {"temperature": 1.0, "seed": seed}
+            if kind == "over-long":
+                messages = [{"role": "user", "content": "word " * 60000}]
+            r = oa.chat.completions.create(model="x", max_tokens=n, messages=messages, **extra)
+            return "200", r.choices[0].message.content or "", None
+        if kind == "completion":
+            r = oa.completions.create(model="x", max_tokens=n, prompt=prompt, temperature=0.0)
+            return "200", r.choices[0].text, None
+        if kind in ("chat-stream", "hang-up"):
+            stream = oa.chat.completions.create(model="x", max_tokens=n, messages=messages,
+                                                temperature=0.0, stream=True)
+            return _read(stream, lambda c: c.choices[0].delta.content if c.choices else "",
+                         hang_up=kind == "hang-up")
+        if kind == "completion-stream":
+            stream = oa.completions.create(model="x", max_tokens=n, prompt=prompt,
+                                           temperature=0.0, stream=True)
+            return _read(stream, lambda c: c.choices[0].text if c.choices else "")
+        if kind == "messages":
+            r = an.messages.create(model="x", max_tokens=n, messages=messages)
+            return "200", "".join(b.text for b in r.content if b.type == "text"), None
+        with an.messages.stream(model="x", max_tokens=n, messages=messages) as stream:
+            first, parts = None, []
+            for text in stream.text_stream:
+                first = first or time.monotonic()
+                parts.append(text)
+            return "200", "".join(parts), first
+    except (openai.APIStatusError, anthropic.APIStatusError) as e:
+        return str(e.status_code), "", None
+    except Exception as e:  # noqa: BLE001 - what a client would see as a lost request
+        return f"lost: {type(e).__name__}: {e}"[:200], "", None
+
+
+def _read(stream, piece, *, hang_up: bool = False) -> tuple[str, str, float | None]:
+    first, parts = None, []
+    for i, chunk in enumerate(stream):
+        first = first or time.monotonic()
+        parts.append(piece(chunk) or "")
+        if hang_up and i == 2:
+            stream.close()  # the client goes away mid-answer
+            return "hung up", "".join(parts), first
+    return "200", "".join(parts), first
+
+
+def scrape(url: str) -> dict[str, float]:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=30).read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def summarise(outcomes, alone, rss, metrics, soak: SoakConfig, traceback: bool) -> dict:
+    statuses = Counter(o["status"] if not o["status"].startswith("lost") else "lost"
+                       for o in outcomes)
+    greedy = [o for o in outcomes if o["status"] == "200" and o["kind"] == "chat"]
+    equal = sum(o["text"] == alone[o["prompt"]] for o in greedy)
+    warm = rss[len(rss) // 8 :]  # the first eighth is warm-up (kernels, caches, allocator)
+    quarter = max(1, len(warm) // 4)
+    first_q = statistics.mean(b for _, b in warm[:quarter]) if warm else 0.0
+    last_q = statistics.mean(b for _, b in warm[-quarter:]) if warm else 0.0
+    ttft = sorted(o["ttft_s"] for o in outcomes if o["ttft_s"] is not None)
+
+    def pct(xs, q):
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+    return {
+        "sent": len(outcomes), "statuses": dict(statuses),
+        "lost": [o["status"] for o in outcomes if o["status"].startswith("lost")][:20],
+        "by_kind": {k: dict(Counter(o["status"][:4] for o in outcomes if o["kind"] == k))
+                    for k in KINDS},
+        "greedy_equal_alone": [equal, len(greedy)],
+        "rss_first_quarter_mb": first_q / 2**20, "rss_last_quarter_mb": last_q / 2**20,
+        "rss_growth": (last_q / first_q - 1) if first_q else None,
+        "ttft_p50_s": pct(ttft, 0.5), "ttft_p99_s": pct(ttft, 0.99),
+        "metrics_success": metrics.get("vllm:request_success_total"),
+        "clients_answered": statuses.get("200", 0) + statuses.get("hung up", 0),
+        "server_traceback": traceback,
+    }
+
+
+def report(r: dict[str, Any]) -> list[str]:
+    growth = r["rss_growth"]
+    return [
+        "# Soak: `mlx-spec serve` under a mixed load", "", reproduce_line("soak", r), "",
+        f"{r['soak']['clients']} clients (official openai and anthropic SDKs) for "
+        f"{r['soak']['seconds']:.0f} s against the demo pair's server (--max-concurrency "
+        f"{r['soak']['max_concurrency']}, --max-queue {r['soak']['max_queue']}): chat and "
+        "completions streamed and whole, messages streamed and whole, tool calls, seeded T = 1, "
+        "hang-ups after 3 events, over-long prompts.", "",
+        f"- sent {r['sent']}; by status: " + ", ".join(f"{k}: {v}" for k, v in
+                                                       sorted(r["statuses"].items())),
+        f"- lost: {len(r['lost'])}" + (f" ({'; '.join(r['lost'][:3])})" if r["lost"] else ""),
+        "- by kind: " + "; ".join(f"{k} {v}" for k, v in r["by_kind"].items()),
+        f"- greedy chat answers equal to the same request alone: {r['greedy_equal_alone'][0]}"
+        f"/{r['greedy_equal_alone'][1]}",
+        f"- server RSS after warm-up (the run's first eighth), first quarter "
+        f"{r['rss_first_quarter_mb']:.0f} MB, last quarter "
+        f"{r['rss_last_quarter_mb']:.0f} MB"
+        + (f" ({growth * 100:+.1f}%)" if growth is not None else ""),
+        "- MLX's own memory (active, cached) over the run: " + (
+            f"{r['mlx_mb'][0][1]} / {r['mlx_mb'][0][2]} MB at {r['mlx_mb'][0][0]} s, "
+            f"{r['mlx_mb'][-1][1]} / {r['mlx_mb'][-1][2]} MB at {r['mlx_mb'][-1][0]} s"
+            if r.get("mlx_mb") else "not sampled"),
+        "- RSS every 10 s (s, MB): " + " ".join(f"{t}:{m}" for t, m in r.get("memory_mb", [])),
+        f"- TTFT of streams p50 {r['ttft_p50_s'] or 0:.2f} s, p99 {r['ttft_p99_s'] or 0:.2f} s",
+        f"- /metrics request_success_total {r['metrics_success']:.0f}; the clients counted "
+        f"{r['clients_answered']} answered (hang-ups included: the server finished or "
+        "cancelled them) plus the 'alone' checks",
+        f"- a traceback in the server's log: {'yes' if r['server_traceback'] else 'no'}",
+    ] + (["", r["note"]] if r.get("note") else [])
