@@ -59,6 +59,12 @@ class Server:
         handler = type("Handler", (_Handler,), {"server_state": self})
         self.httpd = _HTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
+        # the most characters one token can stand for (its vocabulary string: a byte-level
+        # token's characters are its bytes, a SentencePiece piece is its text): a prompt of
+        # more than twice that many characters per context position cannot fit, and is
+        # refused before the tokenizer spends time and memory on it
+        vocab = engine.tokenizer.get_vocab() if hasattr(engine.tokenizer, "get_vocab") else {}
+        self.longest_token = max((len(t) for t in vocab), default=0)
 
     @property
     def url(self) -> str:
@@ -213,6 +219,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _prompt(self, request: GenerateRequest) -> list[int]:
         engine = self.server_state.engine
         tokenizer = engine.tokenizer
+        self._check_length(request)
         if request.messages:
             try:
                 ids = encode_chat(tokenizer, [dict(m) for m in request.messages],
@@ -234,6 +241,21 @@ class _Handler(BaseHTTPRequestHandler):
             raise BadRequest(f"the prompt has {len(ids)} tokens; the model's context is "
                              f"{context}", "messages" if request.messages else "prompt")
         return ids
+
+    def _check_length(self, request: GenerateRequest) -> None:
+        """A prompt with more characters than 2 × (the longest token) × (the context) has more
+        tokens than the context holds: refused without tokenizing it (a 60k-word prompt's
+        tokenizing was what grew the server's memory under load: BENCH-soak.md)."""
+        longest = self.server_state.longest_token
+        if not longest or isinstance(request.prompt, tuple):
+            return
+        chars = (sum(len(str(m.get("content") or "")) for m in request.messages)
+                 if request.messages else len(request.prompt or ""))
+        context = self.server_state.engine.target.context_length
+        if chars > 2 * longest * context:
+            raise BadRequest(f"the prompt has at least {chars // (2 * longest)} tokens; the "
+                             f"model's context is {context}",
+                             "messages" if request.messages else "prompt")
 
     def _authorized(self) -> bool:
         key = self.server_state.api_key
