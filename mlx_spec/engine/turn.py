@@ -26,7 +26,7 @@ from ..events import Event, Kind, TokenEvent, TurnEnd, TurnStats
 from ..sampling import Sampler, SamplingConfig
 from ..stats import Totals, quantiles
 from .conversation import Conversation
-from .rounds import Due, PrefillDue, Resume, RoundDue, RoundRan
+from .rounds import Due, PrefillDue, Prefilled, Resume, RoundDue, RoundRan
 from .schedule import End, Next, Plain, Schedule
 
 Emitted = tuple[list[int], list[Kind]]  # a round's (or plain step's) tokens and their kinds
@@ -74,7 +74,7 @@ class _Turn:
     def left(self) -> int:
         return self.max_tokens - len(self.generated)
 
-    def resumed(self, resume: Resume | None) -> RoundRan | object | None:
+    def resumed(self, resume: Resume | None) -> RoundRan | Prefilled | None:
         """What the driver ran (None: run it alone); its cap holds for the next round."""
         if resume is None:
             return None
@@ -196,7 +196,8 @@ def speculate(conv: Conversation, k: int, copy: bool, sampler: Sampler, schedule
     yield new, ([Kind.ACCEPTED] * n + [last])[: len(new)]
 
 
-def _ran(conv: Conversation, ran: object, k: int, sampler: Sampler, split: bool, copy: bool):
+def _ran(conv: Conversation, ran: RoundRan | Prefilled | None, k: int, sampler: Sampler,
+         split: bool, copy: bool):
     """A round's draft, logits, hidden and the seconds its draft and pass took: as the driver
     ran them (RoundRan), the pass alone where its batch's failed, or all of it alone."""
     if isinstance(ran, RoundRan) and ran.logits is not None:
