@@ -27,6 +27,10 @@ class Step:
     p: mx.array  # [B, T, V] the target's distribution of the token step j predicts
     valid: mx.array  # [B, T] rows where that token exists (and the step is scored)
     y: mx.array  # [B, T] the data's token there (what the next step is fed)
+    # a head with a reduced draft vocabulary: logits and p are over the draft ids, `want` is
+    # the target's argmax (a target id) and `ids` maps a draft id to its target id
+    want: mx.array | None = None
+    ids: mx.array | None = None
 
 
 def shift(a: mx.array, j: int) -> mx.array:
@@ -46,7 +50,8 @@ def thinning(j: int) -> int:
 
 
 def scored_step(logits, out: mx.array, p: mx.array, x: mx.array, j: int, ahead: int,
-                thin: Callable[[int], int] | None, first_row: int = 0) -> Step:
+                thin: Callable[[int], int] | None, first_row: int = 0,
+                want: mx.array | None = None, ids: mx.array | None = None) -> Step:
     """Step j at its scored anchor rows (every thin(j)-th; None: all): row i's output
     predicts the token at i + ahead + 1, whose teacher distribution is p at i + ahead (rows
     past the end are not valid)."""
@@ -57,8 +62,9 @@ def scored_step(logits, out: mx.array, p: mx.array, x: mx.array, j: int, ahead: 
     valid = ((rows >= first_row) & (rows + ahead < T)).astype(np.float32)
     if r > 1:
         out = out[:, mx.array(rows)]
-    return Step(logits(out), p[:, mx.array(at)],
-                mx.broadcast_to(mx.array(valid), (B, len(rows))), x[:, mx.array(nxt)])
+    at = mx.array(at)
+    return Step(logits(out), p[:, at], mx.broadcast_to(mx.array(valid), (B, len(rows))),
+                x[:, mx.array(nxt)], None if want is None else want[:, at], ids)
 
 
 class ChainCache:
@@ -92,18 +98,20 @@ def chain_mask(T: int, j: int) -> mx.array:
 
 def own_cache_steps(call: Callable, logits: Callable, emb: mx.array, g: mx.array, p: mx.array,
                     x: mx.array, depth: int, first: int, caches: list,
-                    thin: Callable[[int], int] | None = None) -> Iterator[Step]:
+                    thin: Callable[[int], int] | None = None, want: mx.array | None = None,
+                    ids: mx.array | None = None) -> Iterator[Step]:
     """The chained steps of a head with its own cache (DeepSeek-style MTP, EAGLE-3): entry i
     pairs token x_{i+first} (emb) with the target's state g_i and predicts x_{i+first+1};
     step j at row i reads x_{i+first+j} and step j − 1's output there. call(emb, g, caches,
     mask) -> the state fed back; logits(state) -> draft logits; caches: ChainCaches; thin:
-    score step j at every thin(j)-th row only (None: all)."""
+    score step j at every thin(j)-th row only (None: all); want, ids: a reduced draft
+    vocabulary's (Step)."""
     T = x.shape[1]
     for j in range(depth):
         for c in caches:
             c.offset = j
         out = call(shift(emb, first + j), g, caches, chain_mask(T, j))
-        yield scored_step(logits, out, p, x, j, first + j, thin)
+        yield scored_step(logits, out, p, x, j, first + j, thin, want=want, ids=ids)
         g = out
 
 
@@ -131,8 +139,9 @@ def acceptance(steps: Iterator[Step]) -> tuple[np.ndarray, np.ndarray]:
     argmax is the target's."""
     hits, trials, alive = [], [], None
     for s in steps:
-        want = mx.argmax(s.p, axis=-1)
-        right = mx.argmax(s.logits, axis=-1) == want
+        want = mx.argmax(s.p, axis=-1) if s.want is None else s.want
+        got = mx.argmax(s.logits, axis=-1)
+        right = (got if s.ids is None else s.ids[got]) == want
         tried = s.valid > 0 if alive is None else alive & (s.valid > 0)
         trials.append(tried.sum())
         hits.append((tried & right).sum())

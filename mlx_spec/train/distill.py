@@ -47,6 +47,7 @@ from .chain import (
     thinning,
     weighted_loss,
 )
+from .chat import chat_training_set
 from .config import DistillConfig
 from .data import build_training_set, encode, held_rows, read_text_data
 from .loop import Schedule, checkpoint_step, train
@@ -56,17 +57,6 @@ def soft_ce(logits: mx.array, p: mx.array, valid: mx.array) -> mx.array:
     """Mean over valid rows of −Σ_v p(v) log q(v)."""
     ce = -(p * nn.log_softmax(logits.astype(mx.float32), axis=-1)).sum(-1)
     return (ce * valid).sum() / mx.maximum(valid.sum(), 1)
-
-
-def restricted_ce(head):
-    """soft_ce against the target's p renormalised over an EAGLE-3 head's reduced draft
-    vocabulary (read from its d2t at each call: a resumed run restores it)."""
-
-    def loss(logits: mx.array, p: mx.array, valid: mx.array) -> mx.array:
-        p = p * head.drafted()
-        return soft_ce(logits, p / mx.maximum(p.sum(-1, keepdims=True), 1e-9), valid)
-
-    return loss
 
 
 def teacher(target: TargetModel, x: mx.array, kv_layer: int):
@@ -193,9 +183,8 @@ def eagle3_trainee(target: TargetModel, depth: int, seed: int = 0,
     def save(out: Path, info: dict) -> None:
         eagle3.save_speculators(out, head, config, info)
 
-    loss = soft_ce if vocab is None else restricted_ce(head)
     return Trainee(head, steps, lambda: eagle3_drafter(head, target), save,
-                   eagle3.TRAIN_FILE, loss), config
+                   eagle3.TRAIN_FILE), config
 
 
 def distill_head(target: TargetModel, data: np.ndarray, t: Trainee, dc: DistillConfig,
@@ -435,10 +424,16 @@ def cmd_train_drafter(args) -> int:
         raise MlxSpecError("--draft-vocab is for --kind eagle3 (a head with its own lm_head)")
     _check_resume(out, *_resume_keys(target, cfg, dc.depth, draft_vocab))  # before any data
     check_settings(out, dc)
-    n_gen = 256 if budget else min(256, max(32, dc.steps // 4))
-    data = build_training_set(target, tokens, dc, n_gen, log, prompts=prompts,
-                              seconds=budget * 0.25 if budget else None)
-    held = held_rows(target, held_out, dc.seq_len, dc.seed)  # where the weights are estimated
+    if args.data is None and getattr(tokenizer, "chat_template", None) is not None:
+        # a chat model: its own answers to chat prompts, in its template (train/chat.py)
+        data, held, held_out = chat_training_set(
+            target, tokenizer, dc.seq_len, out / "train" / "chat", seed=dc.seed, log=log,
+            seconds=budget * 0.3 if budget else None)
+    else:
+        n_gen = 256 if budget else min(256, max(32, dc.steps // 4))
+        data = build_training_set(target, tokens, dc, n_gen, log, prompts=prompts,
+                                  seconds=budget * 0.25 if budget else None)
+        held = held_rows(target, held_out, dc.seq_len, dc.seed)  # where weights are estimated
     seconds = None if budget is None else max(10.0, budget - (time.perf_counter() - t0))
 
     def evaluate(drafter) -> dict:

@@ -12,9 +12,9 @@ whole vocabulary (no d2t / t2d maps are written, as speculators writes such a he
 tokens most frequent in the training rows (`draft_vocabulary`): lm_head is then N rows of the
 target's, `d2t` maps draft id i to target id i + d2t[i] and `t2d` marks the target ids kept, as
 speculators writes them; the loss is the soft cross-entropy against the target's distribution
-renormalised over the draft vocabulary (distill.restricted_ce), and q is zero off it, so rejection
-sampling stays exact (a token q cannot propose is never accepted as a draft; the target still
-emits it as a correction).
+renormalised over the draft vocabulary (computed there: `teacher`), and q is zero off it, so
+rejection sampling stays exact (a token q cannot propose is never accepted as a draft; the
+target still emits it as a correction).
 """
 
 from __future__ import annotations
@@ -133,35 +133,40 @@ def make_head(target: TargetModel, config: dict, seed: int = 0,
     return head
 
 
-def teacher(target: TargetModel, x: mx.array, taps: tuple[int, ...]):
-    """The frozen target over a batch: its taps [B, T, 3·d] and next-token probs [B, T, V],
-    from the one tapped pass the verify pass also runs."""
+def teacher(target: TargetModel, x: mx.array, taps: tuple[int, ...],
+            ids: mx.array | None = None):
+    """The frozen target over a batch, from the one tapped pass the verify pass also runs: its
+    taps [B, T, 3·d] and next-token probs [B, T, V]; with a reduced draft vocabulary (`ids`,
+    its target ids) p renormalised over it, [B, T, len(ids)] — softmax of the target's logits
+    at those ids is exactly p(v) / Σ_{u in ids} p(u) — and the target's argmax (a target id,
+    for the acceptance). Nothing then runs at the target's width but its own lm_head."""
     logits, a = target.forward_rows(x, None, hidden=taps)
-    p = mx.softmax(logits.astype(mx.float32), axis=-1)
-    return mx.stop_gradient(a), mx.stop_gradient(p)
+    logits = logits.astype(mx.float32)
+    if ids is None:
+        return mx.stop_gradient(a), mx.stop_gradient(mx.softmax(logits, axis=-1)), None
+    p = mx.softmax(mx.take(logits, ids, axis=-1), axis=-1)
+    return mx.stop_gradient(a), mx.stop_gradient(p), mx.argmax(logits, axis=-1)
 
 
 def chained_steps(head: Eagle3Head, target: TargetModel, x: mx.array, depth: int,
                   thin=None) -> Iterator[Step]:
     """The head's `depth` chained steps over a batch, as it drafts: entry i pairs x_{i+1}
     with the taps at i (step 0, through fc), later steps feed back the state (normed)."""
-    taps, p = teacher(target, x, tuple(head.cfg.layer_ids))
+    cfg = head.cfg
+    reduced = cfg.draft_vocab_size < cfg.vocab_size
+    ids = head.target_ids() if reduced else None
+    taps, p, want = teacher(target, x, tuple(cfg.layer_ids), ids)
     emb = target.embed(x)
     caches = [ChainCache() for _ in head.layers]
-    cfg = head.cfg
 
     def call(e, g, cs, mask):
         return head(e, g, cs, mask=mask)
 
-    def logits(s):  # head.logits at the target's width (finite off a reduced vocabulary)
-        if cfg.draft_vocab_size < cfg.vocab_size:
-            return head.logits(s, cfg.vocab_size, fill=OFF_VOCAB)
+    def logits(s):  # over the draft vocabulary (the target's whole one, or the reduced one)
         return head.lm_head(s if cfg.norm_output else head.norm(s))
 
-    return own_cache_steps(call, logits, emb, taps, p, x, depth, 1, caches, thin)
-
-
-OFF_VOCAB = -1e9  # a training logit off the draft vocabulary: q ≈ 0 there, 0 · log q = 0
+    return own_cache_steps(call, logits, emb, taps, p, x, depth, 1, caches, thin, want=want,
+                           ids=ids)
 
 
 def save_speculators(out: Path, head: Eagle3Head, config: dict, train: dict) -> None:
