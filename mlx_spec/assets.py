@@ -40,3 +40,29 @@ def demo_variant() -> DemoVariant:
     if mx.default_device() == mx.gpu:
         return DemoVariant(DEMO_TARGET, None)
     return DemoVariant(DEMO_TARGET_F32, "float32")
+
+
+def heads_dir() -> Path:
+    """Drafter heads shipped with the wheel, one directory each (assets/heads/NAME/)."""
+    return assets_dir() / "heads"
+
+
+def shipped_head(target) -> Path | None:
+    """A shipped head trained for `target`'s model, found by what its `shipped.json` names: a
+    piece of the model's name (a GGUF file's, a hub repo's, a directory's: "smollm2-135m") and
+    the shapes the head reads (width, layers, vocabulary) — so a fine-tune or another size with
+    a similar name is not handed a head that would read the wrong states."""
+    import json
+
+    name = target.name.lower()
+    for file in sorted(heads_dir().glob("*/shipped.json")):
+        try:
+            want = json.loads(file.read_text())
+        except (OSError, ValueError):
+            continue
+        if (want.get("name_contains", "\0") in name
+                and want.get("hidden_size") == target.hidden_size
+                and want.get("num_layers") == len(target.backbone.layers)
+                and want.get("vocab_size") == target.vocab_size):
+            return file.parent
+    return None

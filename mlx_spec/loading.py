@@ -156,7 +156,7 @@ def load_engine(spec: LoadSpec | None = None):
     spec.num_draft None: the drafter's own length where its files declare one (a Gemma 4
     assistant's `num_assistant_tokens`), else "auto". spec.drafter "auto": an MTP head beside
     the model, else the draft model, else none."""
-    from .assets import DEMO_DRAFT, demo_model, demo_variant
+    from .assets import DEMO_DRAFT, demo_model, demo_variant, shipped_head
     from .engine import Engine
 
     spec = spec or LoadSpec()
@@ -175,9 +175,10 @@ def load_engine(spec: LoadSpec | None = None):
     chosen = spec.drafter
     if chosen == "auto":
         if draft_model is None and not (spec.mtp or find_mtp_head(model, target)):
-            # one train-drafter wrote beside the model, else (a GGUF) a smaller local GGUF
-            # with the same vocabulary
-            draft_model = find_eagle3_head(target.path) or paired_draft(model)
+            # one train-drafter wrote beside the model, else one shipped for it, else (a GGUF)
+            # a smaller local GGUF with the same vocabulary
+            draft_model = (find_eagle3_head(target.path) or shipped_head(target)
+                           or paired_draft(model))
         chosen = ("draft" if draft_model else
                   "mtp" if (spec.mtp or find_mtp_head(model, target)) else "none")
     d = make_drafter(chosen, target, model_path=model, draft_model=draft_model, mtp=spec.mtp,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.containers import Horizontal, Vertical
@@ -31,7 +32,7 @@ from .engine_host import EngineHost, EngineReady, EngineSwitched, LoadFailed
 from .history import History
 from .idle import IdleDone
 from .keys import ACTIONS, bindings
-from .models import DEMO_LINE, DEMO_PROMPTS
+from .models import DEMO_LINE, DEMO_PROMPTS, PACKAGED_LINE, PACKAGED_PROMPTS, is_packaged
 from .screens import HelpScreen, HistoryScreen, LoadErrorScreen, SettingsScreen
 from .settings import EngineChoice, Settings
 from .widgets import LEGEND, PromptInput, StatsPanel
@@ -193,6 +194,9 @@ class SpecChatApp(App[None]):
         if msg.spec is not None and msg.spec.model is None and not self.chat.messages:
             self.chat.note(f"This is {DEMO_LINE}. Try: {' · '.join(DEMO_PROMPTS)}  "
                            "(ctrl+l: other models)")
+        elif msg.spec is not None and is_packaged(msg.spec.model) and not self.chat.messages:
+            self.chat.note(f"This is {Path(msg.spec.model).stem}, {PACKAGED_LINE}. Try: "
+                           f"{' · '.join(PACKAGED_PROMPTS)}  (ctrl+l: other models)")
 
     def on_load_failed(self, msg: LoadFailed) -> None:
         self.activity.set(Busy.NOT_LOADED)

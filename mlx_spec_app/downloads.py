@@ -30,8 +30,8 @@ class ModelPicker:
     def _chosen(self, choice: Choice | None) -> None:
         self._history.set("welcomed", True)
         if choice is None:
-            if self._host.engine is None:  # closed the welcome: the demo rather than nothing
-                self._host.load_demo()
+            if self._host.engine is None:  # closed the welcome: the default, not nothing
+                self._host.load_default()
         elif choice.name == DEMO:
             self._host.load_demo()
         elif choice.name.startswith(GGUF):  # a local GGUF: its drafter found as auto finds it

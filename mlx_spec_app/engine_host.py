@@ -78,6 +78,18 @@ def demo_spec(user: LoadSpec) -> LoadSpec:
     return replace(user, model=None, draft_model=None, mtp=None)
 
 
+def default_spec(user: LoadSpec) -> LoadSpec:
+    """What opens when nothing is named: the chat model installed with the app (SmolLM2-135M-
+    Instruct's GGUF, from the `chat-model` dependency group; its head ships with mlx-spec and
+    `auto` finds it) where it is here, else the bundled demo pair."""
+    from mlx_spec.gguf import find_packaged
+
+    packaged = find_packaged()
+    if not packaged:
+        return demo_spec(user)
+    return replace(user, model=packaged[0].name, draft_model=None, mtp=None)
+
+
 def remembered(spec: LoadSpec) -> dict[str, str | None]:
     """What reopens `spec`'s model next time: its files (local paths made absolute, hub ids as
     given). The drafter kind and draft length come from the command line each run."""
@@ -150,13 +162,17 @@ class EngineHost:
         the demo pair if that one is gone)."""
         last = (recalled(self._history.get(LAST_MODEL), spec)
                 if spec.model is None and remembered_ok else None)
-        spec = last or spec
+        spec = last or (default_spec(spec) if spec.model is None and remembered_ok else spec)
         self._activity.set(Busy.LOADING, spec.label)
         self._node.run_worker(partial(self._load, spec, last is not None), thread=True,
                               exclusive=True, group="load")
 
     def load_demo(self) -> None:
         self.load(demo_spec(self.requested))
+
+    def load_default(self) -> None:
+        """The chat model installed with the app, else the demo (default_spec)."""
+        self.load(default_spec(self.requested))
 
     def _load(self, spec: LoadSpec, remembered_model: bool) -> None:
         """Worker: start the engine and post EngineReady with its saved baseline, if any (or
@@ -168,7 +184,7 @@ class EngineHost:
             except MlxSpecError:
                 if not remembered_model:
                     raise
-                spec = demo_spec(spec)  # the model remembered from last time is gone
+                spec = default_spec(replace(spec, model=None))  # the remembered one is gone
                 engine = start_engine(spec)
             self._node.post_message(EngineReady(engine, engine.info.baseline, spec))
         except Exception as e:  # noqa: BLE001 - the user gets one line, never a traceback

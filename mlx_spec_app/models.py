@@ -26,6 +26,10 @@ DEMO = "demo"
 GGUF = "gguf:"  # an option naming a local GGUF model (the rest of its id is its model name)
 DEMO_LINE = ("the bundled offline demo: a 2.4M-parameter code model that completes Python "
              "(it does not chat)")
+PACKAGED_LINE = ("a real chat model installed with mlx-spec — small, so it chats briefly — "
+                 "drafted by a head trained for it")
+PACKAGED_PROMPTS = ("What is the capital of France?", "Give me three tips for sleeping better.",
+                    "Write a Python function that reverses a string.")
 DEMO_PROMPTS = ("def fibonacci(n):", "class Stack:", "for line in open(path):")
 INTRO = ("mlx-spec decodes with a drafter that proposes tokens and the model that checks them "
          "in one pass; every token is coloured by what happened to it. Output is the model's own.")
@@ -96,6 +100,7 @@ def local_lines() -> list[tuple[str, Content]]:
     cache): real models that open offline, listed first."""
     from mlx_spec.errors import MlxSpecError
     from mlx_spec.gguf import find_local
+    from mlx_spec.gguf.local import PACKAGED_SOURCE
 
     lines = []
     for g in find_local():
@@ -104,10 +109,21 @@ def local_lines() -> list[tuple[str, Content]]:
         except MlxSpecError:
             continue
         label = f"{d['architecture']} {d['label']}".strip()
-        shown = g.name if len(g.name) <= 48 else "…" + g.name[-47:]
+        if g.source.startswith(PACKAGED_SOURCE):  # installed with the app: named by its file
+            shown, what = g.path.stem, f"{label}: {PACKAGED_LINE}"
+        else:
+            shown = g.name if len(g.name) <= 48 else "…" + g.name[-47:]
+            what = f"{label}, GGUF from {g.source}"
         lines.append((g.name, Content.assemble((f"{shown:<16}", "bold"), ("   ready ", "$success"),
-                                               f"{label}, GGUF from {g.source}")))
+                                               what)))
     return lines
+
+
+def is_packaged(model: str | None) -> bool:
+    """Whether `model` is the chat model installed with the app (a packaged GGUF)."""
+    from mlx_spec.gguf import find_packaged
+
+    return model is not None and any(g.name == model for g in find_packaged())
 
 
 class PullProgress(Message):

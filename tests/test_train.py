@@ -101,7 +101,7 @@ def test_train_drafter_cli_smoke_and_mismatch(model_dirs, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_train_drafter_for_minutes_without_data(model_dirs, tmp_path, capsys):
-    """No --data: the target's own continuations of the built-in prompts; --minutes: a time
+    """No --data (a chat model): the target's own answers to chat prompts; --minutes: a time
     budget, a held-out tokens-per-pass estimate, progress lines with an ETA without a TTY, and a
     one-line summary. Resuming trains on from the checkpoint."""
     import json

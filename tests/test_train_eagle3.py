@@ -291,3 +291,31 @@ def test_train_drafter_draft_vocab_is_for_eagle3_only(trained, tmp_path, capsys)
             "2", "--draft-vocab", "100", "--out", str(tmp_path / "x")]
     assert main(args) == 2
     assert "--draft-vocab is for --kind eagle3" in capsys.readouterr().err
+
+
+def test_reduced_vocabulary_trains_in_draft_ids_on_the_drafting_steps(trained, reduced):
+    """With a reduced draft vocabulary the training steps run in draft ids: their q is the
+    drafter's q at those target ids (step j at anchor row t, as drafting from t draws it), the
+    teacher's p is the target's renormalised over them, `want` is the target's own argmax and
+    `ids` maps a draft id back to its target id."""
+    from mlx_spec.train.eagle3 import teacher
+
+    _, target, _, _, _ = trained
+    head_dir, ids = reduced
+    drafter = make_drafter("draft", target, draft_model=head_dir)
+    head = drafter.head
+    n, k = 9, 4
+    prefix = [int(v) for v in np.random.default_rng(n).integers(3, 300, n)]
+    draft = sampled_draft(target, drafter, prefix, k, n)
+    x = mx.array([prefix + [int(t) for t in np.array(draft.tokens)]])
+    for j, step in enumerate(chained_steps(head, target, x, k)):
+        assert step.logits.shape[-1] == len(ids)
+        q = nn.log_softmax(step.logits[0, n - 2].astype(mx.float32))
+        np.testing.assert_allclose(np.array(q), np.log(np.array(draft.probs[j])[ids]), atol=1e-4)
+        np.testing.assert_array_equal(np.array(step.ids), ids)
+    taps = tuple(head.cfg.layer_ids)
+    _, p, want = teacher(target, x, taps, mx.array(ids))
+    _, full, _ = teacher(target, x, taps)
+    kept = np.array(full)[..., ids]
+    np.testing.assert_allclose(np.array(p), kept / kept.sum(-1, keepdims=True), atol=1e-5)
+    np.testing.assert_array_equal(np.array(want), np.array(full).argmax(-1))

