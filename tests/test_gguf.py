@@ -196,6 +196,7 @@ def test_ollama_and_lm_studio_models_are_found_named_and_paired(
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.delenv("OLLAMA_MODELS", raising=False)
     monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path / "spec"))
+    monkeypatch.setattr("mlx_spec.gguf.local.PACKAGED", {})  # not the chat model uv installed
     small = model_dirs("llama")
     big_dir = tmp_path / "big"
     cfg = json.loads((small / "config.json").read_text())

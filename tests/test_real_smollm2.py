@@ -142,6 +142,7 @@ async def test_a_gguf_in_lm_studio_is_first_in_the_apps_list_and_opens(smollm2, 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path / "spec"))
+    monkeypatch.setattr("mlx_spec.gguf.local.PACKAGED", {})  # LM Studio's copy alone
     (tmp_path / "spec").mkdir()
     (tmp_path / "spec" / "gguf").symlink_to(shared)
     folder = tmp_path / ".lmstudio" / "models" / "HuggingFaceTB" / "SmolLM2"

@@ -319,3 +319,32 @@ def test_reduced_vocabulary_trains_in_draft_ids_on_the_drafting_steps(trained, r
     kept = np.array(full)[..., ids]
     np.testing.assert_allclose(np.array(p), kept / kept.sum(-1, keepdims=True), atol=1e-5)
     np.testing.assert_array_equal(np.array(want), np.array(full).argmax(-1))
+
+
+def test_the_targets_side_is_computed_once_and_trains_as_the_live_one(trained, reduced,
+                                                                       tmp_path):
+    """features.TeacherCache: each row's taps, p over the draft vocabulary and the target's
+    argmax, filled a batch at a time across sittings, give the loss the live target gives (to
+    f16 rounding); other rows start the files afresh."""
+    from mlx_spec.train.chain import thinning, weighted_loss
+    from mlx_spec.train.distill import soft_ce
+    from mlx_spec.train.features import FILL_BATCH, TeacherCache
+
+    _, target, _, _, _ = trained
+    head_dir, ids = reduced
+    head = make_drafter("draft", target, draft_model=head_dir).head
+    rows = build_training_set(target, None, DC, n_generated=20, log=lambda s: None,
+                              prompts=TRAIN_PROMPTS)[:20]
+    taps = tuple(head.cfg.layer_ids)
+    cache = TeacherCache(tmp_path / "t", target, rows, taps, ids)
+    assert not cache.fill(seconds=0.0) and cache.done == FILL_BATCH  # one batch, then out
+    again = TeacherCache(tmp_path / "t", target, rows, taps, ids)  # the next sitting
+    assert again.done == FILL_BATCH and again.fill() and again.done == len(rows)
+    index = np.array([3, 17, 9])
+    x, w = mx.array(rows[index]), mx.array([1.0, 0.5, 0.25])
+    live = weighted_loss(chained_steps(head, target, x, 3, thinning), w, soft_ce)
+    kept = weighted_loss(chained_steps(head, target, x, 3, thinning, again.get(index)), w,
+                         soft_ce)
+    np.testing.assert_allclose(float(kept), float(live), rtol=2e-3)
+    other = TeacherCache(tmp_path / "t", target, rows[::-1].copy(), taps, ids)
+    assert other.done == 0

@@ -341,7 +341,7 @@ def load_eagle3(path: str | Path, target: TargetModel):
     with one_line_errors("EAGLE-3 head", path):
         raw = json.loads((path / "config.json").read_text())
         cfg = Eagle3Config.from_dict(raw)
-        weights = _sanitize(read_safetensors(path))
+        weights = _in_dtype(_sanitize(read_safetensors(path)), target)
         layers = len(target.backbone.layers)
         cfg = Eagle3Config(**{**cfg.__dict__, "layer_ids": cfg.taps(layers)})
         check_fits(cfg, target)
@@ -367,6 +367,15 @@ def _sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         k = k.removeprefix("model.").replace("midlayer.", "layers.0.")  # the original naming
         out[k] = v.astype(mx.int32) if k == "d2t" else v
     return out
+
+
+def _in_dtype(weights: dict[str, mx.array], target: TargetModel) -> dict[str, mx.array]:
+    """A head's floating-point weights in the dtype the target computes in (a head shipped in
+    f16 for size drafts for an f32 target in f32: MLX-CPU's half-precision matmul is slower,
+    and a mixed product would be promoted on every step anyway)."""
+    dtype = target.embed(mx.array([[0]])).dtype
+    return {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+            for k, v in weights.items()}
 
 
 def check_fits(cfg: Eagle3Config, target: TargetModel) -> None:

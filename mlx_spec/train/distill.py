@@ -50,6 +50,7 @@ from .chain import (
 from .chat import chat_training_set
 from .config import DistillConfig
 from .data import build_training_set, encode, held_rows, read_text_data
+from .features import TeacherCache
 from .loop import Schedule, checkpoint_step, train
 
 
@@ -95,15 +96,17 @@ def _progress(step: int, total: int, loss: float, rate: float) -> None:
 
 def _train(module: nn.Module, loss_fn, data: np.ndarray, dc: DistillConfig, workdir: Path,
            progress=_progress, *, seconds: float | None = None, evaluate=None,
-           extra: Callable[[int], tuple] | None = None, **wall) -> float:
+           extra: Callable[[int], tuple] | None = None, taught=None, **wall) -> float:
     """Rows of `data` drawn by (seed, step), through the shared loop (loop.py); `seconds`: a
-    training-time budget instead of dc.steps; extra(step): more inputs to the loss; wall:
-    loop.train's deadline, reserve and saved."""
+    training-time budget instead of dc.steps; extra(step): more inputs to the loss; taught:
+    the target's side of those rows, computed once (features.TeacherCache), last inputs;
+    wall: loop.train's deadline, reserve and saved."""
 
     def batch(step: int) -> tuple[mx.array, ...]:
         rng = np.random.default_rng((dc.seed, step))
-        rows = (mx.array(data[rng.integers(0, len(data), dc.batch_size)]),)
-        return rows + (extra(step) if extra is not None else ())
+        index = rng.integers(0, len(data), dc.batch_size)
+        rows = (mx.array(data[index]),) + (extra(step) if extra is not None else ())
+        return rows + (taught.get(index) if taught is not None else ())
 
     schedule = Schedule(steps=dc.steps if seconds is None else 10**9, lr=dc.lr,
                         warmup=dc.warmup, save_every=dc.save_every, seconds=seconds)
@@ -177,8 +180,8 @@ def eagle3_trainee(target: TargetModel, depth: int, seed: int = 0,
                                        draft_vocab=None if vocab is None else len(vocab))
     head = eagle3.make_head(target, config, seed, ids=vocab)
 
-    def steps(x: mx.array, depth: int, thin=None) -> Iterator[Step]:
-        return eagle3.chained_steps(head, target, x, depth, thin)
+    def steps(x: mx.array, depth: int, thin=None, taught=None) -> Iterator[Step]:
+        return eagle3.chained_steps(head, target, x, depth, thin, taught)
 
     def save(out: Path, info: dict) -> None:
         eagle3.save_speculators(out, head, config, info)
@@ -190,21 +193,25 @@ def eagle3_trainee(target: TargetModel, depth: int, seed: int = 0,
 def distill_head(target: TargetModel, data: np.ndarray, t: Trainee, dc: DistillConfig,
                  out: Path, progress=_progress, *, seconds: float | None = None,
                  evaluate=None, held: np.ndarray | None = None,
-                 eval_every: float | None = None, deadline: float | None = None) -> dict:
+                 eval_every: float | None = None, deadline: float | None = None,
+                 taught=None) -> dict:
     """Train `t.head` on rows of token ids; write `out/`: the head (config and weights) at
     every checkpoint, so a run killed part-way still leaves one that drafts. held: held-out
     rows the per-position acceptance (hence the loss weights) is estimated on (default: a few
     training rows). evaluate(drafter) -> held-out scores (held_out_scores), before training
     and every `eval_every` training seconds (default: a quarter of the budget, at least a
     minute): the curve goes into the head's metadata. deadline: the wall-clock end
-    (time.perf_counter()) the whole of it keeps to, scoring included. Returns the metadata."""
+    (time.perf_counter()) the whole of it keeps to, scoring included. taught: the target's
+    side of `data`, computed once (features.TeacherCache; None: the target runs in every
+    step). Returns the metadata."""
     target.model.freeze()
     rows = mx.array((held if held is not None else data[:4]).astype(np.int32))
     weights = PositionWeights(dc.depth, lambda: acceptance(t.steps(rows, dc.depth)),
                               dc.reweigh_every, dc.weight_floor)
 
-    def loss_fn(x, w):  # len(w) steps; deeper ones scored on a subset of rows (thinning)
-        return weighted_loss(t.steps(x, w.shape[0], thinning), w, t.loss)
+    def loss_fn(x, w, *known):  # len(w) steps; deeper ones scored on a subset of rows
+        steps = t.steps(x, w.shape[0], thinning, *([known] if known else []))
+        return weighted_loss(steps, w, t.loss)
 
     resumed = (out / "train" / "checkpoint.safetensors").exists()
     curve: list[dict] = _previous_curve(out / t.info_file) if resumed else []
@@ -234,8 +241,8 @@ def distill_head(target: TargetModel, data: np.ndarray, t: Trainee, dc: DistillC
 
     final = _train(t.head, loss_fn, data, dc, out / "train", progress, seconds=seconds,
                    evaluate=hook, extra=lambda step: (weights.at(step),), deadline=deadline,
-                   reserve=reserve, saved=lambda step, loss: t.save(out, info(step, loss,
-                                                                           False)))
+                   taught=taught, reserve=reserve,
+                   saved=lambda step, loss: t.save(out, info(step, loss, False)))
     done = info(checkpoint_step(out / "train" / "checkpoint.safetensors"), final, True)
     t.save(out, done)
     return done
@@ -270,9 +277,24 @@ def distill_eagle3(target: TargetModel, data: np.ndarray, dc: DistillConfig, out
     vocab = None if draft_vocab is None else draft_vocabulary(data, target.vocab_size,
                                                               draft_vocab)
     t, _ = eagle3_trainee(target, dc.depth, dc.seed, vocab)
+    taught, started = None, time.perf_counter()
+    if data.size * (draft_vocab or target.vocab_size) * 2 <= TEACHER_CACHE_BYTES:
+        taught = TeacherCache(out / "train" / "teacher", target, data,
+                              tuple(t.head.cfg.layer_ids), vocab)
+        # a sitting spends at most half its time on it; the next one goes on with the rest
+        if not taught.fill(seconds=None if seconds is None else seconds / 2,
+                           log=lambda s: print(s, file=sys.stderr, flush=True)):
+            taught = None  # this sitting trains with the target in every step
+        if seconds is not None:
+            seconds = max(10.0, seconds - (time.perf_counter() - started))
     distill_head(target, data, t, dc, out, progress, seconds=seconds, evaluate=evaluate,
-                 held=held, eval_every=eval_every, deadline=deadline)
+                 held=held, eval_every=eval_every, deadline=deadline, taught=taught)
     return t.head
+
+
+# the target's side of the rows is kept on disk up to this size (p over the draft vocabulary in
+# f16 is most of it: 512 rows x 192 tokens x 8192 ids = 1.6 GB)
+TEACHER_CACHE_BYTES = 4 << 30
 
 
 def _previous_curve(path: Path) -> list[dict]:

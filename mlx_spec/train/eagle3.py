@@ -149,13 +149,15 @@ def teacher(target: TargetModel, x: mx.array, taps: tuple[int, ...],
 
 
 def chained_steps(head: Eagle3Head, target: TargetModel, x: mx.array, depth: int,
-                  thin=None) -> Iterator[Step]:
+                  thin=None, taught: tuple[mx.array, ...] | None = None) -> Iterator[Step]:
     """The head's `depth` chained steps over a batch, as it drafts: entry i pairs x_{i+1}
-    with the taps at i (step 0, through fc), later steps feed back the state (normed)."""
+    with the taps at i (step 0, through fc), later steps feed back the state (normed).
+    taught: what `teacher` gives for these rows, computed earlier (features.TeacherCache)."""
     cfg = head.cfg
     reduced = cfg.draft_vocab_size < cfg.vocab_size
     ids = head.target_ids() if reduced else None
-    taps, p, want = teacher(target, x, tuple(cfg.layer_ids), ids)
+    taps, p, want = taught or teacher(target, x, tuple(cfg.layer_ids), ids)
+    want = want if reduced else None
     emb = target.embed(x)
     caches = [ChainCache() for _ in head.layers]
 
