@@ -48,21 +48,26 @@ def heads_dir() -> Path:
 
 
 def shipped_head(target) -> Path | None:
-    """A shipped head trained for `target`'s model, found by what its `shipped.json` names: a
-    piece of the model's name (a GGUF file's, a hub repo's, a directory's: "smollm2-135m") and
-    the shapes the head reads (width, layers, vocabulary) — so a fine-tune or another size with
-    a similar name is not handed a head that would read the wrong states."""
+    """A shipped head trained for `target`'s model (shipped_head_for)."""
+    return shipped_head_for(target.name, target.hidden_size, len(target.backbone.layers),
+                            target.vocab_size)
+
+
+def shipped_head_for(name: str, hidden_size: int, num_layers: int,
+                     vocab_size: int) -> Path | None:
+    """The shipped head whose `shipped.json` names a piece of the model's name (a GGUF
+    file's, a hub repo's, a directory's: "smollm2-135m") and the shapes the head reads (width,
+    layers, vocabulary) — so a fine-tune or another size with a similar name is not handed a
+    head that would read the wrong states."""
     import json
 
-    name = target.name.lower()
     for file in sorted(heads_dir().glob("*/shipped.json")):
         try:
             want = json.loads(file.read_text())
         except (OSError, ValueError):
             continue
-        if (want.get("name_contains", "\0") in name
-                and want.get("hidden_size") == target.hidden_size
-                and want.get("num_layers") == len(target.backbone.layers)
-                and want.get("vocab_size") == target.vocab_size):
+        if (want.get("name_contains", "\0") in name.lower()
+                and (want.get("hidden_size"), want.get("num_layers"), want.get("vocab_size"))
+                == (hidden_size, num_layers, vocab_size)):
             return file.parent
     return None

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "calibrate":
             return cmd_calibrate(args)
         if args.command == "train-drafter":
-            from .train.distill import cmd_train_drafter
+            from .train.command import cmd_train_drafter
 
             return cmd_train_drafter(args)
         if args.command == "bench":

@@ -8,6 +8,7 @@ import json
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 from . import hub
 from .errors import MlxSpecError
@@ -49,7 +50,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     for p in hub.presets():
         ready = hub.missing(p.name) is None
         rows.append({"name": p.name, "title": p.title, "target": p.target,
-                     "drafter": p.drafter or (f"MTP from {p.mtp_from}" if p.mtp_from else "-"),
+                     "drafter": p.drafter or (f"MTP from {p.mtp_from}" if p.mtp_from else
+                                              f"shipped head {p.shipped_head}" if p.shipped_head
+                                              else "-"),
                      "kind": p.drafter_kind, "loadable": p.loadable,
                      "download_gb": p.download_gb, "ram_gb": p.ram_gb, "tier_gb": p.tier_gb,
                      "fits": hub.fits(p, memory), "downloaded": ready})
@@ -80,10 +83,12 @@ def cmd_models(args: argparse.Namespace) -> int:
     else:
         print("Nothing downloaded yet: `mlx-spec pull NAME` (the bundled demo needs nothing).")
     if local:
-        print("\nGGUF files here (Ollama, LM Studio, llama.cpp, Hugging Face cache): open one "
+        print("\nGGUF files here (installed with mlx-spec, Ollama, LM Studio, llama.cpp, "
+              "Hugging Face cache): open one "
               "with `mlx-spec chat NAME`")
         for g in local:
-            draft = f"  (draft: {g['draft']})" if g["draft"] else ""
+            draft = (f"  (drafter: the EAGLE-3 head shipped for it, {Path(g['head']).name})"
+                     if g["head"] else f"  (draft: {g['draft']})" if g["draft"] else "")
             print(f"  {g['architecture'] or '?':<8}{g['label']:<8}{gb(g['bytes']):>9}  "
                   f"{g['name']}{draft}")
     return 0
@@ -100,10 +105,11 @@ def local_ggufs() -> list[dict]:
             d = g.describe()
         except ModelLoadError:
             continue
-        draft = draft_for(g, found)
+        draft, head = draft_for(g, found), g.shipped_head()
         out.append({"name": g.name, "source": g.source, "path": str(g.path), "bytes": g.size,
                     "architecture": d["architecture"], "label": d["label"],
-                    "draft": draft.name if draft else None})
+                    "draft": draft.name if draft else None,
+                    "head": str(head) if head else None})
     return out
 
 

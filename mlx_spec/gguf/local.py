@@ -31,9 +31,18 @@ class LocalGGUF:
         """Its header's architecture, size label and vocabulary fingerprint (a fraction of a
         second; the tensors are not read)."""
         h = read_header(self.path)
-        return {"architecture": h.get("general.architecture"),
+        arch = h.get("general.architecture")
+        return {"architecture": arch,
                 "label": h.get("general.size_label") or h.get("general.name") or "",
-                "vocab": h["vocab_sha256"], "parameters": h["parameters"]}
+                "vocab": h["vocab_sha256"], "parameters": h["parameters"],
+                "shape": (h.get(f"{arch}.embedding_length"), h.get(f"{arch}.block_count"),
+                          h.get(f"{arch}.vocab_size"))}
+
+    def shipped_head(self) -> Path | None:
+        """The head shipped with mlx-spec for this model, if one is (assets.shipped_head)."""
+        from ..assets import shipped_head_for
+
+        return shipped_head_for(self.path.name, *self.describe()["shape"])
 
 
 def ollama_root() -> Path:

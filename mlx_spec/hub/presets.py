@@ -36,6 +36,8 @@ class Preset:
     verified: str  # what was checked, and where
     drafter: str | None = None  # hub repo of the drafter (sidecar MTP head, draft model, ...)
     mtp_from: str | None = None  # original checkpoint to read the MTP head from
+    shipped_head: str | None = None  # a head shipped with mlx-spec (assets/heads/NAME), found
+    # by --drafter auto from the target's name and shapes: nothing to download
     note: str = ""
 
     @property

@@ -25,6 +25,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..drafters.mtp import MTPConfig, make_head, save_mtp
+from .command import held_out_split
 from .data import build_training_set, held_rows
 from .distill import (
     DistillConfig,
@@ -32,7 +33,6 @@ from .distill import (
     distill_eagle3,
     distill_mtp,
     held_out_scores,
-    held_out_split,
 )
 
 KINDS = ("shared-kv", "eagle3", "last-layer")
