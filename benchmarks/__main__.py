@@ -18,10 +18,11 @@ HELP = ("all: the full run (docs/BENCH.md, with published and first-turn); publi
         "calibration (BENCH-first-turn.md); serve: 1-8 streaming clients, ours and mlx_lm.server "
         "(BENCH-serve.md); distributed: the target split over 2 ranks as the link slows "
         "(BENCH-distributed.md); demo: the bundled pair as a first run opens it (BENCH-demo.md); "
-        "real: published GGUF models (BENCH-real.md); coupling: seeded (drafter-invariant) "
+        "real: published GGUF models (BENCH-real.md); smollm2: the first run's chat model with its "
+        "shipped head (BENCH-smollm2.md); coupling: seeded (drafter-invariant) "
         "against Leviathan acceptance (BENCH-coupling.md); soak: the server held under a mixed "
-        "load of SDK clients (BENCH-soak.md); serve, distributed, real, coupling and soak are "
-        "not part of all")
+        "load of SDK clients (BENCH-soak.md); serve, distributed, real, smollm2, coupling and "
+        "soak are not part of all")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

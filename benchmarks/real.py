@@ -4,7 +4,8 @@ tools/real_weights.py), through the path `--model FILE.gguf` takes.
 - Qwen2.5-Coder-1.5B-Instruct (Q4_K_M → f32 on a CPU, where f32 pays) with the 0.5B of the
   same family as its draft model: target-only, fixed k = 4, auto, auto with prompt lookup, and
   mlx-lm's own `generate_step` / `speculative_generate_step` (k = 4) on the same two models.
-- SmolLM2-135M-Instruct: target-only and n-gram (prompt lookup alone).
+- SmolLM2-135M-Instruct: target-only and n-gram (prompt lookup alone); with its shipped head:
+  `--group smollm2` (benchmarks/smollm2.py).
 
 Chat-formatted coding and chat prompts (never tuned on), T = 0 and T = 1, every side of a
 comparison run in mirrored order (A B … B A) so a drift in machine speed weighs all alike.
@@ -19,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from mlx_spec.drafters import DraftModelDrafter, NgramDrafter
+from mlx_spec.drafters import DraftModelDrafter
 from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.loading import load_target
 
@@ -111,30 +112,6 @@ def qwen_pair(cfg: BenchConfig, log: Log) -> tuple[list[Row], dict[str, Any]]:
     return rows, {"target": label, "draft": draft.name, "ratios": ratios}
 
 
-def smollm2(cfg: BenchConfig, log: Log) -> tuple[list[Row], dict[str, Any]]:
-    target, tokenizer = load_target(str(real_weights().fetch("smollm2")))
-    run = Runner(tokenizer, chat_prompts(tokenizer, cfg.prompts), cfg.max_tokens, fresh_store())
-    label, rows, ratios = target.name, [], {}
-    for temp, top_p in cfg.temperatures:
-        t = f"T={temp:g}"
-        sides = {
-            "target-only": lambda temp=temp, top_p=top_p, t=t: run.ours(
-                target, None, 1, f"SmolLM2 target-only {t}", "none", label, temp, top_p),
-            "ngram auto": lambda temp=temp, top_p=top_p, t=t: run.ours(
-                target, NgramDrafter(), "auto", f"SmolLM2 ngram auto {t}", "ngram", label,
-                temp, top_p),
-        }
-        got, runs = compare(sides, cfg.parity_pairs)
-        for r in got:
-            r.speedup_vs_target = r.tok_s / got[0].tok_s if got[0].tok_s else 0.0
-            log(f"{r.name:<36} {r.tok_s:6.2f} tok/s  ×{r.speedup_vs_target:.2f}  "
-                f"{r.tokens_per_pass or 1:.2f} tokens/pass")
-        ratios[t] = {"ngram auto ÷ target-only": ratio(runs, list(sides), "ngram auto",
-                                                       "target-only")}
-        rows += got
-    return rows, {"target": label, "ratios": ratios}
-
-
 REAL = BenchConfig(prompts=2, max_tokens=64, temperatures=((0.0, 1.0), (1.0, 1.0)),
                    parity_pairs=1)
 REAL_QUICK = BenchConfig(prompts=1, max_tokens=16, temperatures=((0.0, 1.0),), parity_pairs=1)
@@ -143,7 +120,9 @@ REAL_QUICK = BenchConfig(prompts=1, max_tokens=16, temperatures=((0.0, 1.0),), p
 def bench_real(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]:
     started = time.perf_counter()
     rows_q, qwen = qwen_pair(cfg, log)
-    rows_s, smol = smollm2(cfg, log)
+    from .smollm2 import smollm2  # its prompts and sides; here target-only and n-gram
+
+    rows_s, smol = smollm2(cfg, log, head=False)
     result = {"machine": machine(), "config": asdict(cfg), "qwen": qwen, "smollm2": smol,
               "rows": row_dicts(rows_q + rows_s), "minutes": (time.perf_counter() - started) / 60}
     write_real(result, out)

@@ -403,6 +403,12 @@ def _real(cfg: BenchConfig, out: Path, log) -> dict:
     return bench_real(REAL_QUICK if cfg is QUICK else REAL, out, log)
 
 
+def _smollm2(cfg: BenchConfig, out: Path, log) -> dict:
+    from .smollm2 import SMOLLM2, SMOLLM2_QUICK, bench_smollm2
+
+    return bench_smollm2(SMOLLM2_QUICK if cfg is QUICK else SMOLLM2, out, log)
+
+
 GROUPS = {"all": bench, "published": bench_published, "first-turn": bench_first_turn,
           "serve": bench_serve, "distributed": bench_distributed, "demo": bench_demo,
-          "real": _real, "coupling": bench_coupling, "soak": bench_soak}
+          "real": _real, "smollm2": _smollm2, "coupling": bench_coupling, "soak": bench_soak}
