@@ -25,7 +25,7 @@ from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.loading import load_target
 
 from .parity import mirrored, pair_ratios
-from .report import POOLED, reproduce_line, write_json
+from .report import POOLED, ratios_table, reproduce_line, rows_table, write_json
 from .runners import BenchConfig, Row, Runner, fresh_store, machine, row_dicts
 
 Log = Callable[[str], None]
@@ -139,22 +139,9 @@ def write_real(result: dict[str, Any], out: Path) -> None:
              f"this CPU). {c['prompts']} chat-formatted prompts × {c['max_tokens']} tokens a "
              f"run; every side run {2 * c['parity_pairs']}× in mirrored order; tok/s is the "
              "mean of a side's runs, ratios the median of ABBA pairs. " + POOLED, "",
-             "| comparison | " + " | ".join(result["qwen"]["ratios"]) + " |",
-             "|---|" + "---|" * len(result["qwen"]["ratios"])]
-    first = next(iter(result["qwen"]["ratios"].values()))
-    for name in first:
-        cells = [f"**{r[name]['median']:.3f}** (" + ", ".join(f"{x:.2f}" for x in
-                                                           r[name]["pairs"]) + ")"
-                 for r in result["qwen"]["ratios"].values()]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+             *ratios_table(result["qwen"]["ratios"])]
     for t, r in result["smollm2"]["ratios"].items():
         name, p = next(iter(r.items()))
         lines.append(f"\nSmolLM2-135M-Instruct, {t}: {name} **{p['median']:.3f}**.")
-    lines += ["", "| row | tok/s | × target-only | tokens/pass | per-position acceptance |",
-              "|---|---|---|---|---|"]
-    for r in result["rows"]:
-        pos = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]) or "–"
-        tpp = f"{r['tokens_per_pass']:.2f}" if r["tokens_per_pass"] else "–"
-        lines.append(f"| {r['name']} | {r['tok_s']:.2f} | ×{r['speedup_vs_target']:.2f} | "
-                     f"{tpp} | {pos} |")
+    lines += ["", *rows_table(result["rows"])]
     (out / "BENCH-real.md").write_text("\n".join(lines + [""]))

@@ -429,3 +429,28 @@ def first_turn_section(f: dict[str, Any]) -> list[str]:
 def first_turn_label(name: str, t: dict[str, Any]) -> str:
     """`wide 114M` / `hybrid 133M`: the first-turn group's name for a target."""
     return f"{'hybrid' if 'hybrid' in name else 'wide'} {t['params'] / 1e6:.0f}M"
+
+
+def ratios_table(ratios: dict[str, dict[str, dict]]) -> list[str]:
+    """A markdown table of ABBA ratios: a row per comparison, a column per setting (T = 0,
+    T = 1 …), each cell the median in bold and the pairs after it ("–" where not run)."""
+    lines = ["| comparison | " + " | ".join(ratios) + " |", "|---|" + "---|" * len(ratios)]
+    names = list(dict.fromkeys(n for r in ratios.values() for n in r))
+    for name in names:
+        cells = [f"**{r[name]['median']:.3f}** (" + ", ".join(f"{x:.2f}" for x in
+                                                           r[name]["pairs"]) + ")"
+                 if name in r else "–" for r in ratios.values()]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def rows_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Rows with tok/s, × target-only, tokens per pass and per-position acceptance."""
+    lines = ["| row | tok/s | × target-only | tokens/pass | per-position acceptance |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        pos = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]) or "–"
+        tpp = f"{r['tokens_per_pass']:.2f}" if r["tokens_per_pass"] else "–"
+        lines.append(f"| {r['name']} | {r['tok_s']:.2f} | ×{r['speedup_vs_target']:.2f} | "
+                     f"{tpp} | {pos} |")
+    return lines

@@ -21,7 +21,7 @@ from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.loading import load_target, make_drafter
 
 from .real import Log, compare, ratio, real_weights
-from .report import POOLED, reproduce_line, write_json
+from .report import POOLED, ratios_table, reproduce_line, rows_table, write_json
 from .runners import BenchConfig, Row, Runner, fresh_store, machine, row_dicts
 
 PROMPTS = ["What should I consider when adopting a dog?",
@@ -102,20 +102,6 @@ def bench_smollm2(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, An
              f"{c['max_tokens']} tokens a run, none trained or tuned on; every side run "
              f"{2 * c['parity_pairs']}× in mirrored order; tok/s is the mean of a side's runs, "
              "ratios the median of ABBA pairs. " + POOLED, "",
-             "| comparison | " + " | ".join(info["ratios"]) + " |",
-             "|---|" + "---|" * len(info["ratios"])]
-    first = next(iter(info["ratios"].values()))
-    for name in first:
-        cells = [f"**{r[name]['median']:.3f}** (" + ", ".join(f"{x:.2f}" for x in
-                                                           r[name]["pairs"]) + ")"
-                 if name in r else "–" for r in info["ratios"].values()]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "| row | tok/s | × target-only | tokens/pass | per-position acceptance |",
-              "|---|---|---|---|---|"]
-    for r in result["rows"]:
-        pos = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]) or "–"
-        tpp = f"{r['tokens_per_pass']:.2f}" if r["tokens_per_pass"] else "–"
-        lines.append(f"| {r['name']} | {r['tok_s']:.2f} | ×{r['speedup_vs_target']:.2f} | "
-                     f"{tpp} | {pos} |")
+             *ratios_table(info["ratios"]), "", *rows_table(result["rows"])]
     (out / "BENCH-smollm2.md").write_text("\n".join(lines + [""]))
     return result

