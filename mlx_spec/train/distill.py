@@ -269,6 +269,7 @@ def distill_eagle3(target: TargetModel, data: np.ndarray, dc: DistillConfig, out
                    draft_vocab: int | None = None, deadline: float | None = None) -> nn.Module:
     """An EAGLE-3 head for `target` (distill_head); writes `out/` in the speculators format.
     draft_vocab: a reduced draft vocabulary of the tokens most frequent in `data`."""
+    from . import eagle3
     from .eagle3 import draft_vocabulary
 
     _check_resume(out, *_resume_keys(target, None, dc.depth, draft_vocab))
@@ -285,6 +286,12 @@ def distill_eagle3(target: TargetModel, data: np.ndarray, dc: DistillConfig, out
             taught = None  # this sitting trains with the target in every step
         if seconds is not None:
             seconds = max(10.0, seconds - (time.perf_counter() - started))
+    # the input norm whitened on a sample of the taps (a resumed run's checkpoint restores
+    # the weight it had learnt)
+    sample = data[:16]
+    taps = (mx.array(taught.a[: len(sample)]) if taught is not None else
+            eagle3.teacher(target, mx.array(sample), tuple(t.head.cfg.layer_ids))[0])
+    eagle3.whiten_input(t.head, taps)
     distill_head(target, data, t, dc, out, progress, seconds=seconds, evaluate=evaluate,
                  held=held, eval_every=eval_every, deadline=deadline, taught=taught)
     return t.head
