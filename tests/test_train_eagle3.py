@@ -348,3 +348,23 @@ def test_the_targets_side_is_computed_once_and_trains_as_the_live_one(trained, r
     np.testing.assert_allclose(float(kept), float(live), rtol=2e-3)
     other = TeacherCache(tmp_path / "t", target, rows[::-1].copy(), taps, ids)
     assert other.done == 0
+
+
+def test_the_input_norm_is_whitened_against_massive_activations(trained):
+    """Taps with a few huge coordinates (a real target's massive activations): one RMSNorm
+    leaves the others ~1e-3 of their share; whitened, every coordinate of the normed taps has
+    unit RMS over the sample, the huge ones included."""
+    from mlx_spec.train.eagle3 import whiten_input
+
+    _, target, _, _, _ = trained
+    head = eagle3_trainee(target, 2)[0].head
+    width = head.input_dim
+    rng = np.random.default_rng(0)
+    taps = rng.normal(size=(4, 32, width)).astype(np.float32)
+    taps[..., 3] = 2.5e4 + rng.normal(size=(4, 32))  # every token, as a massive activation is
+    x = mx.array(taps)
+    before = np.sqrt(np.mean(np.array(head.input_norm(x)) ** 2, axis=(0, 1)))
+    assert np.median(before) < 0.01
+    whiten_input(head, x)
+    after = np.sqrt(np.mean(np.array(head.input_norm(x)) ** 2, axis=(0, 1)))
+    np.testing.assert_allclose(after, 1.0, rtol=1e-3)
