@@ -18,9 +18,9 @@ from mlx_spec.train.chain import (
     position_weights,
     thinning,
 )
+from mlx_spec.train.data import build_training_set
 from mlx_spec.train.distill import (
     DistillConfig,
-    build_training_set,
     distill_draft_model,
     distill_mtp,
     mtp_trainee,

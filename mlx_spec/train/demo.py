@@ -230,7 +230,7 @@ def train_eagle3(args, train: np.ndarray, held: np.ndarray) -> None:
 def distill_data(work: Path, target, train: np.ndarray, dc) -> np.ndarray:
     """The drafters' rows (half of them the target's own continuations), made once per run
     directory and shared by the MTP head and the draft model."""
-    from .distill import build_training_set
+    from .data import build_training_set
 
     path = work / "distill-data.npy"
     if not path.exists():
