@@ -77,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch-size", type=positive_int, default=8)
     t.add_argument("--seq-len", type=positive_int, default=192)
-    t.add_argument("--lr", type=positive_float, default=2e-3,
-                   help="peak learning rate (default 2e-3, see docs/TRAIN.md)")
+    t.add_argument("--lr", type=positive_float, default=None,
+                   help="peak learning rate (default: 2e-3 for a 192-wide head, falling as "
+                        "1/width² to 1e-4; see docs/TRAIN.md)")
 
     sv = sub.add_parser("serve", help="serve the model over OpenAI-compatible HTTP (several "
                                        "requests at once, speculation on)")

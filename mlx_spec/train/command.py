@@ -27,6 +27,7 @@ from .distill import (
     _resume_keys,
     check_settings,
     default_kind,
+    default_lr,
     default_mtp_config,
     distill_eagle3,
     distill_mtp,
@@ -62,16 +63,17 @@ def cmd_train_drafter(args) -> int:
         raise MlxSpecError("give --steps or --minutes, not both")
     budget = args.minutes * 60 if args.minutes is not None else None
     target, tokenizer = load_target(args.target)
-    dc = DistillConfig(steps=args.steps or 2000, minutes=args.minutes, seed=args.seed,
-                       batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
-                       depth=getattr(args, "depth", None) or DistillConfig.depth)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    tokens, prompts, held_out = held_out_split(tokenizer, args.data, dc)
     kind = args.kind or default_kind(target, log)
     eagle = kind == "eagle3"
+    cfg = None if eagle else default_mtp_config(target, kind)
+    lr = args.lr or default_lr(target.hidden_size if eagle else cfg.hidden_size)
+    dc = DistillConfig(steps=args.steps or 2000, minutes=args.minutes, seed=args.seed,
+                       batch_size=args.batch_size, seq_len=args.seq_len, lr=lr,
+                       depth=getattr(args, "depth", None) or DistillConfig.depth)
+    tokens, prompts, held_out = held_out_split(tokenizer, args.data, dc)
     # beside the model's own directory (a GGUF's: its converted one, where auto looks)
     out = Path(args.out) if args.out else target.path / ("eagle3" if eagle else "mtp")
-    cfg = None if eagle else default_mtp_config(target, kind)
     draft_vocab = getattr(args, "draft_vocab", None)
     if draft_vocab is not None and not eagle:
         raise MlxSpecError("--draft-vocab is for --kind eagle3 (a head with its own lm_head)")

@@ -399,6 +399,15 @@ def default_kind(target: TargetModel, log=lambda s: None) -> str:
     return "eagle3"
 
 
+def default_lr(width: int) -> float:
+    """The peak learning rate for a head `width` wide: 2e-3 at the demo's 192 (where 1e-3 to
+    4e-3 trained alike), falling as 1/width² to 1e-4. SmolLM2's 576-wide EAGLE-3 head at 2e-3
+    diverged (one batch, 60 steps: loss 21 → 41 → 9, 2% of it right); at 5e-4 it crawled
+    (18%); at 2.5e-4 and 1e-4 it fitted the batch (92%, 94%). Its lm_head starts as the
+    target's: a fine-tuning rate, not a from-scratch one."""
+    return float(min(2e-3, max(1e-4, 2e-3 * (192 / width) ** 2)))
+
+
 def default_mtp_config(target: TargetModel, kind: str) -> MTPConfig:
     """train-drafter's MTP head: shared-KV 2 layers at half the target's width, DeepSeek-style
     one layer at its width."""
