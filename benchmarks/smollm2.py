@@ -30,7 +30,7 @@ PROMPTS = ["What should I consider when adopting a dog?",
            "Write a Python function that counts the vowels in a string.",
            "What is the difference between a lake and a sea?",
            "Write a short note inviting my neighbours to a garden party."]
-SMOLLM2 = BenchConfig(prompts=6, max_tokens=96, temperatures=((0.0, 1.0), (1.0, 1.0)),
+SMOLLM2 = BenchConfig(prompts=4, max_tokens=64, temperatures=((0.0, 1.0), (1.0, 1.0)),
                       parity_pairs=1)
 SMOLLM2_QUICK = BenchConfig(prompts=1, max_tokens=16, temperatures=((0.0, 1.0),),
                             parity_pairs=1)
