@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import statistics
 from collections.abc import Callable, Sequence
 from operator import attrgetter
@@ -11,7 +12,7 @@ from mlx_spec.drafters import Drafter
 from mlx_spec.engine import Engine
 from mlx_spec.model import TargetModel
 
-from .runners import FirstTurn, Runner, new_engine
+from .runners import FirstTurn, Row, Runner, new_engine
 
 R = TypeVar("R")
 Pairs = list[list[tuple[Any, Any]]]  # per pair, per side: its (first, second) result
@@ -135,3 +136,33 @@ def side_medians(turns: list[FirstTurn]) -> dict[str, float]:
             "tok_s": statistics.median(t.tok_s for t in turns),
             "tokens_per_pass": statistics.median(t.tokens_per_pass for t in turns),
             "drafted_per_pass": statistics.median(t.drafted_per_pass for t in turns)}
+
+
+Log = Callable[[str], None]
+
+
+def real_weights():
+    """tools/real_weights (a checkout's tools/, not part of the wheel)."""
+    try:
+        return importlib.import_module("tools.real_weights")
+    except ImportError as e:
+        raise SystemExit("bench --group real runs from a checkout (tools/real_weights.py "
+                         "fetches the models)") from e
+
+
+def compare(sides: dict[str, Callable[[], Row]], pairs: int) -> tuple[list[Row], list]:
+    """Every side run 2 × pairs times in mirrored order; a row per side (its first run, the
+    tok/s replaced by the pooled tok/s of all its runs) and the raw runs."""
+    names = list(sides)
+    runs = mirrored([sides[n] for n in names], pairs)
+    rows = []
+    for i, _ in enumerate(names):
+        mine = [r for p in runs for r in p[i]]
+        row = mine[0]
+        row.tok_s = sum(r.tok_s for r in mine) / len(mine)
+        rows.append(row)
+    return rows, runs
+
+
+def ratio(runs, names: list[str], a: str, b: str) -> dict:
+    return pair_ratios(runs, names.index(a), names.index(b), lambda r: r.tok_s)

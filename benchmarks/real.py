@@ -13,9 +13,7 @@ Results: docs/BENCH-real.md, docs/bench-real.json. Timings are never asserted by
 
 from __future__ import annotations
 
-import importlib
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,48 +22,21 @@ from mlx_spec.drafters import DraftModelDrafter
 from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.loading import load_target
 
-from .parity import mirrored, pair_ratios
+from .parity import Log, compare, ratio, real_weights
 from .report import POOLED, ratios_table, reproduce_line, rows_table, write_json
 from .runners import BenchConfig, Row, Runner, fresh_store, machine, row_dicts
+from .smollm2 import smollm2
 
-Log = Callable[[str], None]
 PROMPTS = ["Write a Python function that merges two sorted lists into one sorted list.",
            "Explain the difference between a process and a thread, briefly.",
            "Write a bash script that prints the ten largest files under the current directory.",
            "What are three good habits for naming variables?"]
 
 
-def real_weights():
-    """tools/real_weights (a checkout's tools/, not part of the wheel)."""
-    try:
-        return importlib.import_module("tools.real_weights")
-    except ImportError as e:
-        raise SystemExit("bench --group real runs from a checkout (tools/real_weights.py "
-                         "fetches the models)") from e
-
-
 def chat_prompts(tokenizer, n: int) -> list[list[int]]:
     return [list(tokenizer.apply_chat_template([{"role": "user", "content": p}],
                                                add_generation_prompt=True))
             for p in PROMPTS[:n]]
-
-
-def compare(sides: dict[str, Callable[[], Row]], pairs: int) -> tuple[list[Row], list]:
-    """Every side run 2 × pairs times in mirrored order; a row per side (its first run, the
-    tok/s replaced by the pooled tok/s of all its runs) and the raw runs."""
-    names = list(sides)
-    runs = mirrored([sides[n] for n in names], pairs)
-    rows = []
-    for i, _ in enumerate(names):
-        mine = [r for p in runs for r in p[i]]
-        row = mine[0]
-        row.tok_s = sum(r.tok_s for r in mine) / len(mine)
-        rows.append(row)
-    return rows, runs
-
-
-def ratio(runs, names: list[str], a: str, b: str) -> dict:
-    return pair_ratios(runs, names.index(a), names.index(b), lambda r: r.tok_s)
 
 
 def qwen_pair(cfg: BenchConfig, log: Log) -> tuple[list[Row], dict[str, Any]]:
@@ -120,8 +91,6 @@ REAL_QUICK = BenchConfig(prompts=1, max_tokens=16, temperatures=((0.0, 1.0),), p
 def bench_real(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]:
     started = time.perf_counter()
     rows_q, qwen = qwen_pair(cfg, log)
-    from .smollm2 import smollm2  # its prompts and sides; here target-only and n-gram
-
     rows_s, smol = smollm2(cfg, log, head=False)
     result = {"machine": machine(), "config": asdict(cfg), "qwen": qwen, "smollm2": smol,
               "rows": row_dicts(rows_q + rows_s), "minutes": (time.perf_counter() - started) / 60}

@@ -20,7 +20,7 @@ from mlx_spec.drafters import NgramDrafter
 from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.loading import load_target, make_drafter
 
-from .real import Log, compare, ratio, real_weights
+from .parity import Log, compare, ratio, real_weights
 from .report import POOLED, ratios_table, reproduce_line, rows_table, write_json
 from .runners import BenchConfig, Row, Runner, fresh_store, machine, row_dicts
 
