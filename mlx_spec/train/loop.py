@@ -80,6 +80,7 @@ def train(module: nn.Module, loss_fn: Callable[..., mx.array],
 
     running, trained, step = math.nan, 0.0, start
     next_eval = evaluate[0] if evaluate else math.inf
+    saved_at = evaluated_at = start
 
     def late() -> bool:
         return deadline is not None and time.perf_counter() + reserve >= deadline
@@ -102,13 +103,24 @@ def train(module: nn.Module, loss_fn: Callable[..., mx.array],
             progress(step, total, running, rate)
         if step % schedule.save_every == 0 or step == schedule.steps or timed_out:
             save_checkpoint(checkpoint, module, opt, step)
+            saved_at = step
             if saved is not None:
                 saved(step, running)
         if evaluate and (trained >= next_eval or step == schedule.steps or timed_out):
             t = time.perf_counter()
             evaluate[1](step, trained)
+            evaluated_at = step
             reserve = max(reserve, time.perf_counter() - t)
             next_eval = trained + evaluate[0]
+    # the deadline can end the loop at its top, after a step it did not expect to be the last
+    # (a resumed sitting has measured no evaluation to keep room for): that step is kept and
+    # scored too
+    if saved_at < step:
+        save_checkpoint(checkpoint, module, opt, step)
+        if saved is not None:
+            saved(step, running)
+    if evaluate and evaluated_at < step:
+        evaluate[1](step, trained)
     return running
 
 
