@@ -3,7 +3,8 @@ mlx_spec/_assets/heads/NAME/), its floating-point weights in f16 (half the size;
 casts them to the dtype the target computes in), with the `shipped.json` that `--drafter auto`
 matches a target by (mlx_spec.assets.shipped_head).
 
-    uv run python -m tools.ship_head HEAD_DIR NAME --match smollm2-135m --target FILE_OR_DIR
+    uv run python -m tools.ship_head HEAD_DIR NAME --match smollm2-135m --target FILE_OR_DIR \
+        --verifier HuggingFaceTB/SmolLM2-135M-Instruct
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from mlx_spec.assets import heads_dir
 from mlx_spec.loading import load_target
 
 
-def ship(head: Path, name: str, match: str, target: str) -> Path:
+def ship(head: Path, name: str, match: str, target: str, verifier: str) -> Path:
     t, _ = load_target(target, lazy=True)
     if match not in t.name.lower():
         raise SystemExit(f"{match!r} is not in the target's name {t.name!r}")
@@ -33,6 +34,8 @@ def ship(head: Path, name: str, match: str, target: str) -> Path:
     mx.save_safetensors(str(out / "model.safetensors"), half, metadata={"format": "pt"})
     config = json.loads((head / "config.json").read_text())
     config["dtype"] = "float16"
+    # the verifier by its published name, not this machine's converted directory
+    config["speculators_config"]["verifier"]["name_or_path"] = verifier
     (out / "config.json").write_text(json.dumps(config, indent=2))
     shutil.copy(head / "training.json", out / "training.json")
     (out / "shipped.json").write_text(json.dumps({
@@ -48,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name")
     p.add_argument("--match", required=True, help="a piece of the target's name, lower case")
     p.add_argument("--target", required=True)
+    p.add_argument("--verifier", required=True, help="the target's published name (hub id)")
     a = p.parse_args(argv)
-    out = ship(a.head, a.name, a.match, a.target)
+    out = ship(a.head, a.name, a.match, a.target, a.verifier)
     size = sum(f.stat().st_size for f in out.iterdir()) / 1e6
     print(f"shipped {a.head} as {out} ({size:.1f} MB)")
     return 0
