@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--raw", action="store_true", help="no chat template")
     g.add_argument("--max-tokens", type=positive_int, default=256)
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument("--trace", metavar="FILE", help="save what every round did (drafts, p and q, "
+                   "verdicts, times): FILE.json, or FILE.html to open in a browser")
     g.add_argument("--kv-bits", type=int, choices=[4, 8], default=None,
                    help="quantize the target's KV cache (attention layers) to 4 or 8 bits")
 
@@ -181,6 +183,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .events import TokenEvent, TurnEnd
     from .loading import load_engine
     from .templates import encode_chat, encode_raw, valid_text
+    from .trace import Recorder, engine_fields, save
 
     sampling = sampling_from_args(args)  # validate before the (slow) load
     spec = spec_from_args(args)
@@ -198,19 +201,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
     tokens, kinds, text = [], [], []
     end: TurnEnd | None = None
     stop = threading.Event()
+    chat, recorder = engine.conversation(), Recorder()
     with stop_on_interrupt(stop):  # ctrl+c ends the turn between rounds: partial answer + stats
-        for ev in engine.conversation().generate(ids, max_tokens=args.max_tokens,
-                                                 sampling=sampling, stop=stop):
+        for ev in chat.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=stop,
+                                trace=bool(args.trace)):
+            recorder.add(ev)
             if isinstance(ev, TokenEvent):
                 tokens.append(ev.token)
                 kinds.append(ev.kind.value)
                 text.append(ev.text)
                 if not args.json:
                     print_fragment(ev.text, ev.kind.value, colour)
-            else:
+            elif isinstance(ev, TurnEnd):
                 end = ev
     assert end is not None  # generate always ends with its TurnEnd
     code = EXIT_INTERRUPTED if stop.is_set() else 0
+    if args.trace:
+        drafter = chat.drafter.name if chat.drafter is not None else "none"
+        about = engine_fields(engine.target.name, drafter, chat.draft_length,
+                              engine.target.split_label)
+        where = save(recorder.trace(engine=about, sampling=sampling,
+                                    messages=[{"role": "user", "content": prompt}]), args.trace)
+        print(f"mlx-spec: trace saved to {where}", file=sys.stderr)
     if args.json:
         out = {"target": engine.target.name, "prompt_ids": ids, "tokens": tokens,
                "kinds": kinds, "text": "".join(text), "finish_reason": end.finish_reason,

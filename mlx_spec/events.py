@@ -127,6 +127,72 @@ class TurnStats:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """A token and its probability under one distribution (a top-5 entry)."""
+
+    token: int
+    text: str
+    prob: float
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a round's verify pass, as the acceptance test saw it.
+
+    Row i holds the target's distribution p after the round's first i drafts and, for i < k,
+    draft i with the drafter's q. p is the distribution the test used: the processed one
+    (temperature, top-k / top-p, penalty) when sampling; when greedy the test is the argmax, and
+    p is the target's plain softmax (T = 1), so a near-tie shows as one. q is None where the
+    drafter reports no distribution (greedy drafting, a copy)."""
+
+    draft: int | None  # the drafted token (None: the last row, which only the target fills)
+    draft_text: str
+    verdict: str  # "accepted", "rejected", "untested" (after a rejection), "" (no draft)
+    p: float | None  # p(draft)
+    q: float | None  # q(draft)
+    token: int | None  # what this row emitted (accepted draft, correction, bonus), None: nothing
+    token_text: str
+    p_token: float | None  # p(token)
+    top_p: tuple[Choice, ...] = ()
+    top_q: tuple[Choice, ...] = ()
+
+    @property
+    def chance(self) -> float | None:
+        """min(1, p/q): the probability the sampled test accepted the draft with."""
+        if self.p is None or not self.q:
+            return None
+        return min(1.0, self.p / self.q)
+
+
+@dataclass(frozen=True)
+class RoundTrace:
+    """What one round did, yielded after its tokens when a turn is traced (trace=True).
+
+    The round drafted k tokens, the target accepted the first `accepted` and added its own; of
+    those, the last `emitted` TokenEvents came from it (the turn may end inside a round). rows
+    are its verify pass's rows (empty for a pipelined plain step, whose logits are never read).
+    Times in seconds; at_s: when the round started, from the turn's start."""
+
+    index: int
+    k: int
+    accepted: int
+    emitted: int
+    drafted: tuple[int, ...]
+    copied: bool  # the drafts were a copy of the conversation's own text (lookup)
+    rule: str  # "argmax" (greedy), "p/q" (rejection sampling), "gumbel" (seeded, invariant)
+    at_s: float
+    draft_s: float
+    verify_s: float
+    commit_s: float
+    rows: tuple[Row, ...] = ()
+
+    @property
+    def rejected(self) -> tuple[Row, ...]:
+        """The drafts the target threw away: the rejected one and the untested ones after it."""
+        return tuple(r for r in self.rows if r.verdict in ("rejected", "untested"))
+
+
+@dataclass(frozen=True)
 class TurnEnd:
     """The last event of a turn."""
 
@@ -135,4 +201,4 @@ class TurnEnd:
     tokens: tuple[int, ...] = field(default=())
 
 
-Event = TokenEvent | TurnEnd
+Event = TokenEvent | RoundTrace | TurnEnd

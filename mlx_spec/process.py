@@ -40,6 +40,7 @@ class Generate:
     max_tokens: int
     sampling: SamplingConfig | None
     target_only: bool
+    trace: bool
     turn: int  # what a stop names: a stop for turn n never touches turn n + 1
 
 
@@ -78,7 +79,7 @@ class Ok:
 
 @dataclass(frozen=True)
 class Token:
-    event: Event  # a TokenEvent, or the TurnEnd before Done
+    event: Event  # a TokenEvent, a RoundTrace, or the TurnEnd before Done
 
 
 @dataclass(frozen=True)
@@ -210,11 +211,11 @@ class EngineProcess:
 
     def chat(self, messages: Messages, *, max_tokens: int = 256,
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-             target_only: bool = False) -> Iterator[Event]:
+             target_only: bool = False, trace: bool = False) -> Iterator[Event]:
         with self._lock:
             self._turn += 1
             turn = self._turn
-            self._send(Generate(messages, max_tokens, sampling, target_only, turn))
+            self._send(Generate(messages, max_tokens, sampling, target_only, trace, turn))
             signalled, finished = False, False
             try:
                 while True:

@@ -269,6 +269,7 @@ class Verdict:
     # T > 0 only (see acceptance_chances): per draft, min(1, p(x)/q(x)), and Σ min(p, q)
     odds: tuple[float, ...] = ()
     overlap: tuple[float, ...] = ()
+    drafted: tuple[int, ...] = ()  # every draft of the round, rejected ones too (host ints)
 
     @property
     def tokens(self) -> list[int]:
@@ -314,7 +315,8 @@ def _resolve(n: mx.array, token: mx.array, drafts: mx.array,
     if exact is not None and not out.pop(0):
         return None
     odds, overlap = chances.tolist() if chances is not None else ((), ())
-    return Verdict(out[0], out[1], tuple(out[2 : 2 + out[0]]), tuple(odds), tuple(overlap))
+    return Verdict(out[0], out[1], tuple(out[2 : 2 + out[0]]), tuple(odds), tuple(overlap),
+                   tuple(out[2:]))
 
 
 def greedy_verdict(target_logits: mx.array, drafts: mx.array | list[int]) -> Verdict:

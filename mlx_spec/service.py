@@ -68,7 +68,7 @@ class EngineService(Protocol):
 
     def chat(self, messages: Messages, *, max_tokens: int = 256,
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-             target_only: bool = False) -> Iterator[Event]: ...
+             target_only: bool = False, trace: bool = False) -> Iterator[Event]: ...
 
     def configure(self, *, draft_length: DraftLength | None = None,
                   drafter: str | None = None) -> EngineInfo: ...
@@ -137,7 +137,7 @@ class EngineInThread:
 
     def chat(self, messages: Messages, *, max_tokens: int = 256,
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-             target_only: bool = False) -> Iterator[Event]:
+             target_only: bool = False, trace: bool = False) -> Iterator[Event]:
         from .templates import encode_chat
 
         conv = self.conversation
@@ -147,7 +147,8 @@ class EngineInThread:
             conv = self._plain
         with _own_stream():
             ids = encode_chat(conv.tokenizer, messages)
-            yield from conv.generate(ids, max_tokens=max_tokens, sampling=sampling, stop=stop)
+            yield from conv.generate(ids, max_tokens=max_tokens, sampling=sampling, stop=stop,
+                                     trace=trace)
 
     def configure(self, *, draft_length: DraftLength | None = None,
                   drafter: str | None = None) -> EngineInfo:

@@ -118,6 +118,36 @@ def test_stop_sequences_and_token_kinds(client):
     assert stopped.choices[0].finish_reason == "stop"
 
 
+def test_the_trace_extension_carries_the_turns_record(client, server):
+    """mlx_spec_trace: the answer comes with the same record `generate --trace` writes —
+    whole, streamed (in the finish chunk) and through the Anthropic dialect; off, nothing."""
+    from mlx_spec.trace import from_dict
+
+    r = client.chat.completions.create(model="x", messages=CHAT, max_tokens=24,
+                                       extra_body={"mlx_spec_trace": True})
+    trace = from_dict(r.model_extra["mlx_spec_trace"])
+    assert trace.text == r.choices[0].message.content
+    assert sum(x.emitted for x in trace.rounds) == len(trace.tokens) == 24
+    assert trace.rounds and all(t.round >= 0 for t in trace.tokens)
+    assert trace.messages == tuple(CHAT) and trace.engine["draft length"] == "3"
+    plain = client.chat.completions.create(model="x", messages=CHAT, max_tokens=4)
+    assert "mlx_spec_trace" not in plain.model_extra
+    last = None
+    for c in client.chat.completions.create(model="x", messages=CHAT, max_tokens=24,
+                                            stream=True, extra_body={"mlx_spec_trace": True}):
+        if c.choices and c.choices[0].finish_reason:
+            last = c
+    assert from_dict(last.model_extra["mlx_spec_trace"]).text == trace.text
+    body = json.dumps({"model": "x", "max_tokens": 8, "messages": CHAT, "mlx_spec_trace": True})
+    conn = http.client.HTTPConnection(*server.httpd.server_address[:2], timeout=120)
+    conn.request("POST", "/v1/messages", body, {"x-api-key": KEY})
+    m = json.loads(conn.getresponse().read())
+    assert from_dict(m["mlx_spec_trace"]).text == m["content"][0]["text"]
+    bad = client.with_options(max_retries=0).chat.completions
+    with pytest.raises(openai.BadRequestError, match="mlx_spec_trace must be a boolean"):
+        bad.create(model="x", messages=CHAT, max_tokens=4, extra_body={"mlx_spec_trace": 1})
+
+
 @pytest.mark.parametrize(("body", "param"), [
     (dict(messages=CHAT, n=2), "n"),
     (dict(messages=CHAT, temperature=-1), "temperature"),

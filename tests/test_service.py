@@ -25,6 +25,7 @@ from mlx_spec import (
     TurnEnd,
     encode_chat,
 )
+from mlx_spec.events import RoundTrace
 
 CHAT = [{"role": "user", "content": "def add(a, b):"}]
 
@@ -51,6 +52,13 @@ def test_process_gives_the_engines_tokens_and_kinds(process):
     # the demo variant that can pay here: on MLX's CPU backend the bf16 target in f32
     assert process.info.target == "demo-target (f32)" and process.info.drafter == "mtp"
     assert end.stats.generated_tokens == len(tokens) and end.stats.tok_s > 0
+
+
+def test_a_traced_turn_crosses_the_pipe(process):
+    events, end = turn(process, max_tokens=24, trace=True)
+    rounds = [e for e in events if isinstance(e, RoundTrace)]
+    assert rounds and sum(r.emitted for r in rounds) == end.stats.generated_tokens
+    assert any(r.rows for r in rounds)
 
 
 def test_in_thread_and_process_agree_and_switch_drafters(process):

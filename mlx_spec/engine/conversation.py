@@ -223,6 +223,10 @@ class Conversation:
         (mx.eval if split else mx.async_eval)(arrays)
         return draft
 
+    def text_of(self, token: int) -> str:
+        """One token's text on its own (a trace's: a piece of a character may read as �)."""
+        return self.tokenizer.decode([token])
+
     def verify(self, draft: Draft) -> tuple[mx.array, mx.array | None]:
         """One target forward over [pending, d_1..d_k]: logits [k+1, V] (and hidden [k+1, D]).
         The drafts enter as device arrays: no host round trip between drafting and verifying.

@@ -85,10 +85,10 @@ class Batch:
 
     def start(self, conv: Conversation, prompt: list[int], *, max_tokens: int,
               sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-              ignore_eos: bool = False) -> Row:
+              ignore_eos: bool = False, trace: bool = False) -> Row:
         """A new turn on `conv` (turn.steps' options); the next step() starts it."""
         return Row(conv, steps(conv, prompt, max_tokens=max_tokens, sampling=sampling,
-                               stop=stop, ignore_eos=ignore_eos))
+                               stop=stop, ignore_eos=ignore_eos, trace=trace))
 
     def step(self, rows: list[Row]) -> Cycle:
         """One cycle: new rows started (up to their first round or chunk); every round asked

@@ -31,19 +31,20 @@ class Chat(Conversation):
 
     def generate(self, prompt: list[int], *, max_tokens: int = 256,
                  sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-                 ignore_eos: bool = False) -> Iterator[Event]:
+                 ignore_eos: bool = False, trace: bool = False) -> Iterator[Event]:
         """Continue the conversation with `prompt` (the whole token sequence so far: a prefix
         shared with the previous turn is reused from the cache). Yields TokenEvents, then
-        TurnEnd. ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests)."""
+        TurnEnd. ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests).
+        trace: a RoundTrace after each round's tokens (what was drafted, p and q, times)."""
         return generate(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
-                        ignore_eos=ignore_eos)
+                        ignore_eos=ignore_eos, trace=trace)
 
     def steps(self, prompt: list[int], *, max_tokens: int = 256,
               sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-              ignore_eos: bool = False) -> Turn:
+              ignore_eos: bool = False, trace: bool = False) -> Turn:
         """`generate` played in rounds, each left to a driver (turn.steps, rounds.py)."""
         return steps(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
-                     ignore_eos=ignore_eos)
+                     ignore_eos=ignore_eos, trace=trace)
 
 
 class Engine:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
@@ -22,25 +22,28 @@ from .. import cache as kv
 from ..detok import IncrementalDecoder
 from ..drafters import Draft
 from ..errors import MlxSpecError, PromptTooLongError
-from ..events import Event, Kind, TokenEvent, TurnEnd, TurnStats
+from ..events import Event, Kind, RoundTrace, TokenEvent, TurnEnd, TurnStats
 from ..sampling import Sampler, SamplingConfig
 from ..stats import Totals, quantiles
+from . import inspect
 from .conversation import Conversation
 from .rounds import Due, PrefillDue, Prefilled, Resume, RoundDue, RoundRan
 from .schedule import End, Next, Plain, Schedule
 
-Emitted = tuple[list[int], list[Kind]]  # a round's (or plain step's) tokens and their kinds
+# a round's (or plain step's) tokens, their kinds, and what it did if the turn is traced
+Emitted = tuple[list[int], list[Kind], RoundTrace | None]
 Turn = Generator[Event | Due, Resume | None, None]  # a turn played in rounds (steps)
 
 
 def generate(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-             ignore_eos: bool = False) -> Iterator[Event]:
+             ignore_eos: bool = False, trace: bool = False) -> Iterator[Event]:
     """Continue the conversation with `prompt` (the whole token sequence so far: a prefix
     shared with the previous turn is reused from the cache). Yields TokenEvents, then TurnEnd.
-    ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests)."""
+    ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests). trace: after
+    each round's tokens, a RoundTrace (its drafts, p and q, verdicts, times; inspect.py)."""
     with closing(play(conv, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
-                      ignore_eos=ignore_eos)) as turn:
+                      ignore_eos=ignore_eos, trace=trace)) as turn:
         for event in turn:  # (a RoundDue answered by next(): the round runs alone)
             if not isinstance(event, RoundDue | PrefillDue):
                 yield event
@@ -48,14 +51,14 @@ def generate(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
 
 def steps(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
           sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-          ignore_eos: bool = False) -> Turn:
+          ignore_eos: bool = False, trace: bool = False) -> Turn:
     """`generate`, with each round and prompt chunk left to the driver (rounds.py): before
     each, a RoundDue or PrefillDue is yielded; send back a Resume with what the driver ran
     (several conversations in one pass: cycle.py), or None to let it run alone. Plain tokens
     (speculation off, or no drafter) come as rounds of no drafts, so they batch too (not
     pipelined)."""
     return play(conv, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
-                ignore_eos=ignore_eos, rounds_only=True)
+                ignore_eos=ignore_eos, rounds_only=True, trace=trace)
 
 
 @dataclass
@@ -69,6 +72,15 @@ class _Turn:
     generated: list[int] = field(default_factory=list)
     emitted: list[float] = field(default_factory=list)  # when each token reached the caller
     cap: int | None = None
+    trace: bool = False  # record each round (RoundTrace)
+    rounds: int = 0  # rounds played (plain steps count as rounds of no drafts)
+
+    def traced(self, **what) -> RoundTrace | None:
+        """The next round's record, if the turn is traced (emitted: filled in by play)."""
+        if not self.trace:
+            return None
+        self.rounds += 1
+        return RoundTrace(index=self.rounds - 1, emitted=0, **what)
 
     @property
     def left(self) -> int:
@@ -84,7 +96,7 @@ class _Turn:
 
 def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
          sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-         ignore_eos: bool = False, rounds_only: bool = False) -> Turn:
+         ignore_eos: bool = False, rounds_only: bool = False, trace: bool = False) -> Turn:
     """steps (rounds_only: plain tokens too come as rounds, and the prefill yields between
     chunks) / generate."""
     check_prompt(conv, prompt)
@@ -98,7 +110,7 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
     decoder = IncrementalDecoder(conv.tokenizer)
     mx.reset_peak_memory()
     t0 = time.perf_counter()
-    turn = _Turn(max_tokens, t0, _tally(conv.max_draft))
+    turn = _Turn(max_tokens, t0, _tally(conv.max_draft), trace=trace)
     if rounds_only:
         chunks, done = conv.prefill_chunks(prompt), None
         while True:
@@ -133,7 +145,7 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
                 return isinstance(planned, Plain)
 
             rounds = (plain_rounds(conv, sampler, lambda: more(0), schedule, turn)
-                      if rounds_only else plain_run(conv, sampler, more, schedule, turn.tally))
+                      if rounds_only else plain_run(conv, sampler, more, schedule, turn))
         else:
             rounds = speculate(conv, step.k, step.copy, sampler, schedule, turn,
                                lambda new: _stop_point(new, turn.left, eos)[0])
@@ -148,9 +160,12 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
                     reply = yield item
                     continue
                 reply = None
-                new, kinds = item
+                new, kinds, record = item
                 cut, reason = _stop_point(new, turn.left, eos)
+                before = len(turn.generated)
                 yield from _emit(turn, new[:cut], kinds[:cut], eos, decoder)
+                if record is not None:
+                    yield replace(record, emitted=len(turn.generated) - before)
                 if reason:
                     break
         if reason:
@@ -182,18 +197,26 @@ def speculate(conv: Conversation, k: int, copy: bool, sampler: Sampler, schedule
     t = time.perf_counter()
     verdict = sampler.verdict(logits, conv.tokens, draft.tokens, draft.probs)
     verify_s += time.perf_counter() - t  # the verdict reads the pass: the host waits here
+    looked = (inspect.look(sampler, logits, conv.tokens, draft.tokens, draft.probs)
+              if turn.trace else None)
     n, k = verdict.num_accepted, draft.k
     new = verdict.tokens[: keep(verdict.tokens)]
     t = time.perf_counter()
     conv.commit(new, len(conv.tokens) + min(n, len(new)), hidden)
-    turn.tally.commit_s += time.perf_counter() - t
+    commit_s = time.perf_counter() - t
+    turn.tally.commit_s += commit_s
     turn.tally.add_pass(k, n, draft_s, verify_s)
     schedule.observe_round(k, n, round_s=time.perf_counter() - round_start, fed=draft.fed,
                            draft_s=draft_s if split else None,
                            verify_s=verify_s if split else None, copied=draft.copied,
                            evidence=verdict.evidence)
     last = Kind.TARGET if k == 0 else Kind.BONUS if n == k else Kind.CORRECTED
-    yield new, ([Kind.ACCEPTED] * n + [last])[: len(new)]
+    record = turn.traced(
+        k=k, accepted=n, drafted=verdict.drafted, copied=draft.copied,
+        rule=inspect.rule(sampler), at_s=round_start - turn.t0, draft_s=draft_s,
+        verify_s=verify_s, commit_s=commit_s,
+        rows=inspect.read(looked, verdict, new, conv.text_of) if looked is not None else ())
+    yield new, ([Kind.ACCEPTED] * n + [last])[: len(new)], record
 
 
 def _ran(conv: Conversation, ran: RoundRan | Prefilled | None, k: int, sampler: Sampler,
@@ -214,14 +237,19 @@ def _ran(conv: Conversation, ran: RoundRan | Prefilled | None, k: int, sampler: 
 
 
 def plain_run(conv: Conversation, sampler: Sampler, more: Callable[[], bool],
-              schedule: Schedule, tally: Totals) -> Iterator[Emitted]:
+              schedule: Schedule, turn: _Turn) -> Iterator[Emitted]:
     """Plain decoding, one token per target pass, until more() says otherwise. The schedule
-    learns its cost from the whole run, first step included."""
+    learns its cost from the whole run, first step included. (Its steps are pipelined: their
+    logits never reach the host, so a traced plain step has no rows.)"""
     try:
         for token, seconds in conv.decode(sampler, more):
-            tally.add_pass(0, 0, 0.0, seconds)
+            turn.tally.add_pass(0, 0, 0.0, seconds)
             schedule.observe_plain(seconds)
-            yield [token], [Kind.TARGET]
+            record = turn.traced(k=0, accepted=0, drafted=(), copied=False,
+                                 rule=inspect.rule(sampler),
+                                 at_s=time.perf_counter() - seconds - turn.t0, draft_s=0.0,
+                                 verify_s=seconds, commit_s=0.0)
+            yield [token], [Kind.TARGET], record
     finally:
         schedule.end_plain_run()
 
@@ -238,11 +266,18 @@ def plain_rounds(conv: Conversation, sampler: Sampler, more: Callable[[], bool],
             ran = turn.resumed((yield RoundDue(0, sampler, False)))
             _, logits, hidden, _, _ = _ran(conv, ran, 0, sampler, False, False)
             verdict = sampler.verdict(logits, conv.tokens, Draft().tokens, None)
+            looked = (inspect.look(sampler, logits, conv.tokens, Draft().tokens, None)
+                      if turn.trace else None)
             conv.commit(verdict.tokens, len(conv.tokens), hidden)
             seconds = time.perf_counter() - t
             turn.tally.add_pass(0, 0, 0.0, seconds)
             schedule.observe_plain(seconds)
-            yield verdict.tokens, [Kind.TARGET]
+            record = turn.traced(
+                k=0, accepted=0, drafted=(), copied=False, rule=inspect.rule(sampler),
+                at_s=t - turn.t0, draft_s=0.0, verify_s=seconds, commit_s=0.0,
+                rows=(inspect.read(looked, verdict, verdict.tokens, conv.text_of)
+                      if looked is not None else ()))
+            yield verdict.tokens, [Kind.TARGET], record
             if not more():
                 return
     finally:

@@ -131,7 +131,8 @@ def events(gen: Generation, tools: ToolStream, model: str, drafter: str, kinds: 
             "type": "input_json_delta", "partial_json": json.dumps(call.arguments)}}
         yield "content_block_stop", {"type": "content_block_stop", "index": i}
     yield "message_delta", {"type": "message_delta", "delta": _stop(gen, calls),
-                            "usage": _usage(gen), **extras(gen.end.stats, drafter)}
+                            "usage": _usage(gen), **extras(gen.end.stats, drafter),
+                            **gen.traced()}
     yield "message_stop", {"type": "message_stop"}
 
 

@@ -14,6 +14,7 @@ from ..engine import Engine
 from ..errors import first_line
 from ..kinds import kind_of
 from ..templates import encode_chat
+from ..trace import engine_fields
 from . import anthropic
 from . import responses as out
 from .requests import BadRequest, GenerateRequest, parse_chat, parse_completion
@@ -125,14 +126,15 @@ class _Handler(BaseHTTPRequestHandler):
             tools = ToolText(self.server_state.engine.tokenizer, request.tools)
             prompt = self._prompt(request)
             job = self.server_state.scheduler.submit(prompt, max_tokens=request.max_tokens,
-                                                     sampling=request.sampling)
+                                                     sampling=request.sampling,
+                                                     trace=request.trace)
         except BadRequest as e:
             self.close_connection = True  # the body may be unread: start clean
             return self._error(HTTPStatus.BAD_REQUEST, str(e), param=e.param)
         except QueueFull as e:
             return self._error(HTTPStatus.TOO_MANY_REQUESTS, f"busy: {e}", "rate_limit_error",
                                {"Retry-After": str(RETRY_AFTER_S)})
-        gen = out.Generation(job, request.stop)
+        gen = out.Generation(job, request.stop, self._about(request) if request.trace else None)
         try:
             if request.stream:
                 self._stream(request, gen, tools)
@@ -158,13 +160,14 @@ class _Handler(BaseHTTPRequestHandler):
                                "server_error")
         content, calls = tools.split("".join(text))
         if request.kind == "messages":
-            return self._json(HTTPStatus.OK, anthropic.message(
-                gen, content, calls, s.model, s.drafter, kinds if request.kinds else None))
+            return self._json(HTTPStatus.OK, {**anthropic.message(
+                gen, content, calls, s.model, s.drafter, kinds if request.kinds else None),
+                **gen.traced()})
         rid = out.new_id("chatcmpl" if request.kind == "chat" else "cmpl")
-        self._json(HTTPStatus.OK, out.completion(
+        self._json(HTTPStatus.OK, {**out.completion(
             request.kind, rid, s.model, content, "tool_calls" if calls else gen.finish,
             gen.end.stats, s.drafter, kinds if request.kinds else None,
-            [c.openai() for c in calls]))
+            [c.openai() for c in calls]), **gen.traced()})
 
     def _stream(self, request: GenerateRequest, gen: out.Generation, tools: ToolText) -> None:
         self.send_response(HTTPStatus.OK)
@@ -209,12 +212,23 @@ class _Handler(BaseHTTPRequestHandler):
         if calls:
             yield out.chunk(kind, rid, s.model, None, tool_calls=[
                 {"index": i, **c.openai()} for i, c in enumerate(calls)])
-        yield out.chunk(kind, rid, s.model, None,
-                        finish="tool_calls" if calls else gen.finish)
+        yield {**out.chunk(kind, rid, s.model, None,
+                           finish="tool_calls" if calls else gen.finish), **gen.traced()}
         if request.include_usage:
             yield out.usage_chunk(kind, rid, s.model, gen.end.stats, s.drafter)
 
     # -- plumbing ----------------------------------------------------------------------------
+
+    def _about(self, request: GenerateRequest) -> dict[str, Any]:
+        """What a traced request's trace says ran it (trace.Recorder.trace's keywords)."""
+        engine = self.server_state.engine
+        drafter = engine.drafter.name if engine.drafter is not None else "none"
+        prompt = request.prompt if isinstance(request.prompt, str) else ""
+        return dict(engine=engine_fields(self.server_state.model, drafter, engine.draft_length,
+                                         engine.target.split_label),
+                    sampling=request.sampling,
+                    messages=[dict(m) for m in request.messages]
+                    or [{"role": "prompt", "content": prompt}])
 
     def _prompt(self, request: GenerateRequest) -> list[int]:
         engine = self.server_state.engine

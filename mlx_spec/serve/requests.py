@@ -34,6 +34,7 @@ class GenerateRequest:
     stream: bool = False
     include_usage: bool = False
     kinds: bool = False  # extension: report what happened to every token
+    trace: bool = False  # extension: the turn's trace (trace.py) with the answer
     tools: tuple[dict[str, Any], ...] = ()  # function definitions, OpenAI's shape
 
 
@@ -112,7 +113,7 @@ def _message(m: Any, i: int) -> dict[str, Any]:
 
 def common_fields(body: dict[str, Any]) -> dict[str, Any]:
     """What every dialect shares: n, the token budget, streaming, sampling, stop sequences and
-    the token-kinds extension."""
+    the token-kinds and trace extensions."""
     n = body.get("n", 1)
     if n != 1:
         raise BadRequest("only n = 1 is supported", "n")
@@ -128,8 +129,12 @@ def common_fields(body: dict[str, Any]) -> dict[str, Any]:
     kinds = body.get("mlx_spec_token_kinds", False)
     if not isinstance(kinds, bool):
         raise BadRequest("mlx_spec_token_kinds must be a boolean", "mlx_spec_token_kinds")
+    trace = body.get("mlx_spec_trace", False)
+    if not isinstance(trace, bool):
+        raise BadRequest("mlx_spec_trace must be a boolean", "mlx_spec_trace")
     return dict(max_tokens=max_tokens, sampling=_sampling(body), stop=_stops(body.get("stop")),
-                stream=stream, include_usage=bool(options.get("include_usage")), kinds=kinds)
+                stream=stream, include_usage=bool(options.get("include_usage")), kinds=kinds,
+                trace=trace)
 
 
 def _sampling(body: dict[str, Any]) -> SamplingConfig:

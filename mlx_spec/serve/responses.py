@@ -8,7 +8,8 @@ import time
 import uuid
 from typing import Any
 
-from ..events import TurnEnd, TurnStats
+from ..events import RoundTrace, TurnEnd, TurnStats
+from ..trace import Recorder, to_dict
 
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 
@@ -46,18 +47,25 @@ class StopText:
 class Generation:
     """A job's events as text the client may see: iterate for (text, kinds of the tokens behind
     it) pieces; after it, `end` is the TurnEnd and `stopped_by` the stop sequence that cut the
-    text (the job is cancelled when one appears, so it ends within a round)."""
+    text (the job is cancelled when one appears, so it ends within a round). about: what ran
+    a traced job (Recorder.trace's keywords), whose events are kept for `traced()`."""
 
-    def __init__(self, job: Any, stops: tuple[str, ...]):
+    def __init__(self, job: Any, stops: tuple[str, ...], about: dict[str, Any] | None = None):
         self.job, self.text = job, StopText(stops)
+        self.about = about
+        self.recorder = Recorder() if about is not None else None
         self.end: Any = None
         self.stopped_by: str | None = None
 
     def __iter__(self):
         kinds: list[str] = []
         for ev in self.job.stream():
+            if self.recorder is not None:
+                self.recorder.add(ev)
             if isinstance(ev, TurnEnd):
                 self.end = ev
+                continue
+            if isinstance(ev, RoundTrace):
                 continue
             if self.text.hit:
                 continue
@@ -71,6 +79,13 @@ class Generation:
         tail = "" if self.text.hit else self.text.flush()
         if tail or kinds:
             yield tail, kinds
+
+    def traced(self) -> dict[str, Any]:
+        """The trace extension's field for the answer's last body ({} if not traced): the
+        whole turn's record (trace.py)."""
+        if self.recorder is None or self.about is None:
+            return {}
+        return {"mlx_spec_trace": to_dict(self.recorder.trace(**self.about))}
 
     @property
     def finish(self) -> str:

@@ -38,13 +38,15 @@ class Job:
     prompt: list[int]
     max_tokens: int
     sampling: SamplingConfig
+    trace: bool = False  # a RoundTrace after each round's tokens (the trace extension)
     stop: threading.Event = field(default_factory=threading.Event)
     events: queue.Queue = field(default_factory=queue.Queue)
     arrived: float = field(default_factory=time.perf_counter)
     last_token: float = 0.0  # when its latest token was handed over
 
     def stream(self) -> Iterator[Event]:
-        """The job's events (TokenEvents, then its TurnEnd); an engine error is raised here."""
+        """The job's events (TokenEvents, a RoundTrace after each round's if traced, then its
+        TurnEnd); an engine error is raised here."""
         while (item := self.events.get()) is not _DONE:
             if isinstance(item, BaseException):
                 raise item
@@ -76,8 +78,9 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def submit(self, prompt: list[int], *, max_tokens: int, sampling: SamplingConfig) -> Job:
-        job = Job(prompt, max_tokens, sampling)
+    def submit(self, prompt: list[int], *, max_tokens: int, sampling: SamplingConfig,
+               trace: bool = False) -> Job:
+        job = Job(prompt, max_tokens, sampling, trace)
         with self._lock:
             if self._closed:
                 raise QueueFull("the server is shutting down")
@@ -165,7 +168,8 @@ class Scheduler:
     def _start(self, job: Job) -> _Running:
         return _Running(job, self.batch.start(self.engine.conversation(), job.prompt,
                                               max_tokens=job.max_tokens,
-                                              sampling=job.sampling, stop=job.stop))
+                                              sampling=job.sampling, stop=job.stop,
+                                              trace=job.trace))
 
     def _hand(self, job: Job, event: Event) -> bool:
         """Hand the job an event; False when it was the job's last."""
