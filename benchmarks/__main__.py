@@ -21,8 +21,9 @@ HELP = ("all: the full run (docs/BENCH.md, with published and first-turn); publi
         "real: published GGUF models (BENCH-real.md); smollm2: the first run's chat model with its "
         "shipped head (BENCH-smollm2.md); coupling: seeded (drafter-invariant) "
         "against Leviathan acceptance (BENCH-coupling.md); soak: the server held under a mixed "
-        "load of SDK clients (BENCH-soak.md); serve, distributed, real, smollm2, coupling and "
-        "soak are not part of all")
+        "load of SDK clients (BENCH-soak.md); trace: traced turns against untraced "
+        "(BENCH-trace.md); serve, distributed, real, smollm2, coupling, soak and trace are "
+        "not part of all")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -141,10 +141,12 @@ def timed(stream: Iterable[Any], is_token: Callable[[Any], bool]) -> tuple[list[
 
 
 def timed_turn(conv: Conversation, prompt: list[int], max_tokens: int,
-               sampling: SamplingConfig) -> tuple[TurnEnd, Timing]:
-    """One turn of exactly `max_tokens` tokens (end of turn ignored): its end and its Timing."""
+               sampling: SamplingConfig, *, trace: bool = False) -> tuple[TurnEnd, Timing]:
+    """One turn of exactly `max_tokens` tokens (end of turn ignored): its end and its Timing
+    (trace: recorded round by round, as the app's turns are)."""
     items, timing = timed(conv.generate(prompt, max_tokens=max_tokens, sampling=sampling,
-                                        ignore_eos=True), lambda e: isinstance(e, TokenEvent))
+                                        ignore_eos=True, trace=trace),
+                          lambda e: isinstance(e, TokenEvent))
     end = items[-1]
     assert isinstance(end, TurnEnd)
     return end, timing
@@ -217,9 +219,9 @@ def timed_calibration(engine: Engine) -> float:
 
 
 def run_ours(engine: Conversation, prompts: list[list[int]], max_tokens: int,
-             sampling: SamplingConfig, row: Row, *, seed: int = 0) -> Row:
+             sampling: SamplingConfig, row: Row, *, seed: int = 0, trace: bool = False) -> Row:
     """Fill `row` from `max_tokens` fixed-length tokens after each prompt (prompt i drawn with
-    seed `seed` + i), each from an empty cache."""
+    seed `seed` + i), each from an empty cache (trace: each turn traced)."""
     timings, stats, gaps = [], [], []
     for i, ids in enumerate(prompts):
         engine.reset()
@@ -227,7 +229,7 @@ def run_ours(engine: Conversation, prompts: list[list[int]], max_tokens: int,
         # names one (a seed alone would choose the drafter-invariant coupling)
         coupling = "leviathan" if sampling.coupling == "auto" else sampling.coupling
         cfg = SamplingConfig(**{**asdict(sampling), "seed": seed + i, "coupling": coupling})
-        end, timing = timed_turn(engine, ids, max_tokens, cfg)
+        end, timing = timed_turn(engine, ids, max_tokens, cfg, trace=trace)
         timings.append(timing)
         gaps += timing.gaps
         stats.append(end.stats)
@@ -303,16 +305,17 @@ class Runner:
     def ours(self, target: TargetModel, drafter: Drafter | None, num_draft: int | str,
              name: str, drafter_name: str, target_name: str, temperature: float,
              top_p: float = 1.0, prompts: list[list[int]] | None = None,
-             seed: int = 0, coupling: str = "leviathan") -> Row:
+             seed: int = 0, coupling: str = "leviathan", trace: bool = False) -> Row:
         """A row of a fresh, warmed-up engine, on `prompts` (default: the run's), prompt i
-        sampled with seed `seed` + i (coupling: how its drafts are accepted at T > 0)."""
+        sampled with seed `seed` + i (coupling: how its drafts are accepted at T > 0; trace:
+        every turn traced round by round)."""
         engine = new_engine(target, self.tokenizer, drafter, num_draft, self.store)
         conv = engine.conversation()
         warm_up(engine, conv, self.prompts[0])
         row = Row(name, drafter_name, "mlx-spec", target_name, temperature, top_p, num_draft)
         return run_ours(conv, prompts or self.prompts, self.max_tokens,
                         SamplingConfig(temperature=temperature, top_p=top_p,
-                                       coupling=coupling), row, seed=seed)
+                                       coupling=coupling), row, seed=seed, trace=trace)
 
     def first_turn(self, engine: Engine, temperature: float, *, seed: int = 0) -> FirstTurn:
         """The first turn of a new conversation on `engine`, on the run's first prompt."""

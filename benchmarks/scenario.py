@@ -409,6 +409,13 @@ def _smollm2(cfg: BenchConfig, out: Path, log) -> dict:
     return bench_smollm2(SMOLLM2_QUICK if cfg is QUICK else SMOLLM2, out, log)
 
 
+def _trace(cfg: BenchConfig, out: Path, log) -> dict:
+    from .trace import TRACE, TRACE_QUICK, bench_trace
+
+    return bench_trace(TRACE_QUICK if cfg is QUICK else TRACE, out, log)
+
+
 GROUPS = {"all": bench, "published": bench_published, "first-turn": bench_first_turn,
           "serve": bench_serve, "distributed": bench_distributed, "demo": bench_demo,
-          "real": _real, "smollm2": _smollm2, "coupling": bench_coupling, "soak": bench_soak}
+          "real": _real, "smollm2": _smollm2, "coupling": bench_coupling, "soak": bench_soak,
+          "trace": _trace}

@@ -25,8 +25,11 @@ _HOME = {
     "MlxSpecError": "errors", "ModelLoadError": "errors", "PromptTooLongError": "errors",
     "TokenizerMismatchError": "errors", "UnsupportedModelError": "errors",
     "user_message": "errors",
-    "Event": "events", "Kind": "events", "TokenEvent": "events", "TurnEnd": "events",
-    "TurnStats": "events",
+    "Event": "events", "Kind": "events", "RoundTrace": "events", "TokenEvent": "events",
+    "TurnEnd": "events", "TurnStats": "events",
+    "Recorder": "trace", "Trace": "trace", "engine_fields": "trace", "load_trace": "trace",
+    "rejected_text": "trace",
+    "save_trace": "trace",
     "find_mtp_head": "loading", "load_engine": "loading", "load_target": "loading",
     "make_drafter": "loading",
     "SamplingConfig": "sampling",
@@ -40,10 +43,11 @@ __all__ = [  # == sorted(_HOME) (a test checks): written out for tools that read
     "Baseline", "Chat", "Conversation", "DRAFTERS", "DraftLength", "Engine", "EngineInThread",
     "EngineInfo", "EngineProcess", "EngineService",
     "Event", "Kind", "LoadSpec", "MlxSpecError", "ModelLoadError", "PromptTooLongError",
-    "SamplingConfig", "TokenEvent", "TokenizerMismatchError", "Totals", "TurnEnd", "TurnStats",
-    "UnsupportedModelError",
-    "encode_chat", "encode_raw", "find_mtp_head", "load_engine", "load_target", "make_drafter",
-    "measure_baseline", "parse_draft_length", "user_message", "valid_text",
+    "Recorder", "RoundTrace", "SamplingConfig", "TokenEvent", "TokenizerMismatchError",
+    "Totals", "Trace", "TurnEnd", "TurnStats", "UnsupportedModelError",
+    "encode_chat", "encode_raw", "engine_fields", "find_mtp_head", "load_engine", "load_target",
+    "load_trace", "make_drafter", "measure_baseline", "parse_draft_length", "rejected_text",
+    "save_trace", "user_message", "valid_text",
 ]
 
 
@@ -69,7 +73,7 @@ if TYPE_CHECKING:
         UnsupportedModelError,
         user_message,
     )
-    from .events import Event, Kind, TokenEvent, TurnEnd, TurnStats
+    from .events import Event, Kind, RoundTrace, TokenEvent, TurnEnd, TurnStats
     from .kinds import DRAFTERS
     from .loading import find_mtp_head, load_engine, load_target, make_drafter
     from .process import EngineProcess
@@ -78,3 +82,4 @@ if TYPE_CHECKING:
     from .spec import DraftLength, LoadSpec, parse_draft_length
     from .stats import Baseline, Totals
     from .templates import encode_chat, encode_raw, valid_text
+    from .trace import Recorder, Trace, engine_fields, load_trace, rejected_text, save_trace

@@ -183,7 +183,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .events import TokenEvent, TurnEnd
     from .loading import load_engine
     from .templates import encode_chat, encode_raw, valid_text
-    from .trace import Recorder, engine_fields, save
+    from .trace import Recorder, engine_fields, save_trace
 
     sampling = sampling_from_args(args)  # validate before the (slow) load
     spec = spec_from_args(args)
@@ -220,7 +220,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         drafter = chat.drafter.name if chat.drafter is not None else "none"
         about = engine_fields(engine.target.name, drafter, chat.draft_length,
                               engine.target.split_label)
-        where = save(recorder.trace(engine=about, sampling=sampling,
+        where = save_trace(recorder.trace(engine=about, sampling=sampling,
                                     messages=[{"role": "user", "content": prompt}]), args.trace)
         print(f"mlx-spec: trace saved to {where}", file=sys.stderr)
     if args.json:

@@ -166,10 +166,10 @@ class Row:
 
 @dataclass(frozen=True)
 class RoundTrace:
-    """What one round did, yielded after its tokens when a turn is traced (trace=True).
+    """What one round did, yielded just before its tokens when a turn is traced (trace=True).
 
     The round drafted k tokens, the target accepted the first `accepted` and added its own; of
-    those, the last `emitted` TokenEvents came from it (the turn may end inside a round). rows
+    those, the next `emitted` TokenEvents come from it (the turn may end inside a round). rows
     are its verify pass's rows (empty for a pipelined plain step, whose logits are never read).
     Times in seconds; at_s: when the round started, from the turn's start."""
 

@@ -5,7 +5,7 @@ it as one self-contained HTML page).
     recorder = Recorder()
     for event in chat.generate(ids, trace=True):
         recorder.add(event)
-    save(recorder.trace(engine=..., sampling=cfg, messages=...), "turn.json")
+    save_trace(recorder.trace(engine=..., sampling=cfg, messages=...), "turn.json")
 
 Every figure in it was measured in the turn: p and q are the probabilities the round's
 acceptance test read (events.Row says which distribution), times are the engine's own clocks.
@@ -14,6 +14,7 @@ acceptance test read (events.Row says which distribution), times are the engine'
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,20 +60,17 @@ class Recorder:
         self.tokens: list[Token] = []
         self.rounds: list[RoundTrace] = []
         self.end: TurnEnd | None = None
-        self._unclaimed = 0  # tokens not yet claimed by their round's RoundTrace
+        self._owed = 0  # tokens the last RoundTrace announced and not yet come
 
     def add(self, event: Event) -> None:
         if isinstance(event, TokenEvent):
-            self.tokens.append(Token(event.token, event.text, event.kind.value, -1))
-            self._unclaimed += 1
-        elif isinstance(event, RoundTrace):
-            index = len(self.rounds)
+            mine = self._owed > 0
+            self._owed -= mine
+            self.tokens.append(Token(event.token, event.text, event.kind.value,
+                                     len(self.rounds) - 1 if mine else -1))
+        elif isinstance(event, RoundTrace):  # it comes before its tokens
             self.rounds.append(event)
-            first = len(self.tokens) - self._unclaimed
-            for i in range(first, first + event.emitted):
-                t = self.tokens[i]
-                self.tokens[i] = Token(t.token, t.text, t.kind, index)
-            self._unclaimed -= event.emitted
+            self._owed = event.emitted
         elif isinstance(event, TurnEnd):
             self.end = event
 
@@ -83,6 +81,17 @@ class Recorder:
                      self.end.stats if self.end is not None else None,
                      dict(engine or {}), asdict(sampling or SamplingConfig()),
                      tuple(messages or ()), time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+
+def ghost(text: str) -> str:
+    """Rejected drafts as one line of ghost text: line breaks (and the indent after them) and
+    tabs as visible marks."""
+    return re.sub(r"\n[ \t]*", "⏎", text).replace("\t", "→")
+
+
+def rejected_text(round_: RoundTrace) -> str:
+    """The drafts a round's target threw away, as ghost text ("" if none)."""
+    return ghost("".join(r.draft_text for r in round_.rejected))
 
 
 def engine_fields(target: str, drafter: str, draft_length: object, split: str = ""
@@ -124,7 +133,7 @@ def _round(d: dict[str, Any]) -> RoundTrace:
     return RoundTrace(**{**d, "drafted": tuple(d["drafted"]), "rows": rows})
 
 
-def save(trace: Trace, path: str | Path) -> Path:
+def save_trace(trace: Trace, path: str | Path) -> Path:
     """Write the trace: HTML for a .html / .htm path (one self-contained page), else JSON."""
     path = Path(path).expanduser()
     if path.suffix.lower() in (".html", ".htm"):
@@ -141,7 +150,7 @@ def save(trace: Trace, path: str | Path) -> Path:
     return path
 
 
-def load(path: str | Path) -> Trace:
+def load_trace(path: str | Path) -> Trace:
     try:
         return from_dict(json.loads(Path(path).expanduser().read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import html
 import json
-import re
 
-from .trace import Trace, to_dict
+from .trace import Trace, rejected_text, to_dict
 
 # the app's default theme (Textual's textual-dark): KIND_STYLE in mlx_spec_app/widgets.py
 COLOURS = {"accepted": "#4EBF71", "corrected": "#ba3c5b", "bonus": "#0178D4", "target": ""}
@@ -142,17 +141,13 @@ def _answer(trace: Trace) -> str:
     for i, t in enumerate(trace.tokens):
         pos = i - first_of.setdefault(t.round, i)
         if t.kind == "corrected" and 0 <= t.round < len(trace.rounds):
-            lost = "".join(r.draft_text for r in trace.rounds[t.round].rejected)
+            lost = rejected_text(trace.rounds[t.round])
             if lost:  # struck out before the target's token, as an edit is marked
-                out.append(f"<span class='ghost'>{html.escape(ghost(lost))}</span>")
+                out.append(f"<span class='ghost'>{html.escape(lost)}</span>")
         out.append(f"<span class='t {t.kind}' data-i='{i}' data-pos='{pos}'>"
                    f"{html.escape(t.text)}</span>")
     return "".join(out)
 
-
-def ghost(text: str) -> str:
-    """Rejected text on one line: its line breaks and tabs as visible marks."""
-    return re.sub(r"\n[ \t]*", "⏎", text).replace("\t", "→")
 
 
 def _timeline(trace: Trace) -> str:

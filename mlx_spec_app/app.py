@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from pathlib import Path
 
 from textual.app import App, ComposeResult, SystemCommand
@@ -23,7 +24,17 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
-from mlx_spec import Baseline, EngineService, LoadSpec, Totals, valid_text
+from mlx_spec import (
+    Baseline,
+    EngineService,
+    LoadSpec,
+    MlxSpecError,
+    Totals,
+    Trace,
+    save_trace,
+    valid_text,
+)
+from mlx_spec.paths import data_dir
 
 from .busy import Activity, Busy
 from .chat_pane import ChatPane
@@ -31,6 +42,7 @@ from .downloads import ModelPicker
 from .engine_host import EngineHost, EngineReady, EngineSwitched, LoadFailed
 from .history import History
 from .idle import IdleDone
+from .inspect import InspectScreen
 from .keys import ACTIONS, bindings
 from .models import DEMO_LINE, DEMO_PROMPTS, PACKAGED_LINE, PACKAGED_PROMPTS, is_packaged
 from .screens import HelpScreen, HistoryScreen, LoadErrorScreen, SettingsScreen
@@ -366,6 +378,40 @@ class SpecChatApp(App[None]):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
+
+    # -- what speculation did ------------------------------------------------------------------
+
+    def _last_trace(self) -> Trace | None:
+        answer = self.chat.last_answer()
+        if answer is None or answer.trace is None or not answer.trace.tokens:
+            self.notify("No traced answer yet (answers of this session are traced).",
+                        severity="warning")
+            return None
+        return answer.trace
+
+    def action_inspect(self) -> None:
+        trace = self._last_trace()
+        if trace is not None:
+            self.push_screen(InspectScreen(trace, ghosts=self.chat.ghosts))
+
+    def action_toggle_ghosts(self) -> None:
+        self.chat.set_ghosts(not self.chat.ghosts)
+        self.notify("Rejected drafts shown." if self.chat.ghosts else "Rejected drafts hidden.",
+                    timeout=2)
+
+    def action_save_trace(self) -> None:
+        trace = self._last_trace()
+        if trace is None:
+            return
+        stem = data_dir() / "traces" / time.strftime("trace-%Y%m%d-%H%M%S")
+        try:
+            page = save_trace(trace, stem.with_suffix(".html"))
+            save_trace(trace, stem.with_suffix(".json"))
+        except MlxSpecError as e:
+            self.notify(str(e), title="Trace not saved", severity="error")
+            return
+        self.notify(f"{page} (and .json): open it in a browser.", title="Trace saved",
+                    timeout=10)
 
 
 def run_app(spec: LoadSpec, *, pull: str | None = None) -> int:

@@ -28,7 +28,18 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Static
 
-from mlx_spec import Baseline, EngineService, TokenEvent, TurnEnd, TurnStats, user_message
+from mlx_spec import (
+    Baseline,
+    EngineService,
+    Recorder,
+    RoundTrace,
+    TokenEvent,
+    Trace,
+    TurnEnd,
+    TurnStats,
+    engine_fields,
+    user_message,
+)
 
 from .history import COMPLETE, STOPPED, STREAMING, History
 from .settings import Settings
@@ -53,9 +64,10 @@ class TurnFinished(Message):
 
     bubble = False
 
-    def __init__(self, end: TurnEnd | None, error: str = "", race: bool = False) -> None:
+    def __init__(self, end: TurnEnd | None, error: str = "", race: bool = False,
+                 trace: Trace | None = None) -> None:
         super().__init__()
-        self.end, self.error, self.race = end, error, race
+        self.end, self.error, self.race, self.trace = end, error, race, trace
 
 
 class ChatPane(VerticalScroll):
@@ -87,6 +99,7 @@ class ChatPane(VerticalScroll):
         self.baseline: Baseline | None = None  # None: not measured yet ("estimating…")
         self._estimating: list[Answer] = []  # finished before the baseline came
         self.highlight = True
+        self.ghosts = True  # rejected drafts shown, struck out
         self.messages: Messages = []
         self.conversation: int | None = None
         self.answer: Answer | None = None  # the answer being streamed
@@ -118,6 +131,12 @@ class ChatPane(VerticalScroll):
             if answer.is_attached and answer.stats is not None:
                 answer.show_line(stats_line(answer.stats, baseline))
         self._estimating.clear()
+
+    def set_ghosts(self, on: bool) -> None:
+        """Rejected drafts shown or hidden, in every answer shown and those to come."""
+        self.ghosts = on
+        for answer in self.query(Answer):
+            answer.set_ghosts(on)
 
     def set_highlight(self, on: bool) -> None:
         """Token colours on or off, for every answer shown and those to come."""
@@ -195,7 +214,7 @@ class ChatPane(VerticalScroll):
         return answers[-1] if answers else None
 
     def _saved_answer(self, m: dict) -> Answer:
-        answer = Answer(self.highlight)
+        answer = Answer(self.highlight, self.ghosts)
         answer.extend([(text, kind) for text, kind in m["kinds"] or [[m["content"], "target"]]])
         stats = TurnStats.from_dict(m["stats"]) if m["stats"] else None
         # no speedup: the baseline measured now is not the one the answer was timed against
@@ -220,10 +239,10 @@ class ChatPane(VerticalScroll):
 
     def _start_turn(self, settings: Settings) -> None:
         self._settings = settings
-        self.answer = Answer(self.highlight)
+        self.answer = Answer(self.highlight, self.ghosts)
         self.mount(self.answer)
         self.anchor()
-        self.buffer.drain()
+        self.buffer.reset()
         if self.conversation is not None:  # saved as it streams: a killed app keeps it
             self._saving = self.history.add_message(self.conversation, "assistant", "",
                                                     partial=STREAMING)
@@ -239,16 +258,26 @@ class ChatPane(VerticalScroll):
     def _run(self, engine: EngineService, messages: Messages, settings: Settings,
              stop: threading.Event, *, race: bool, max_tokens: int) -> None:
         """The worker for turns and races: tokens into the buffer (a race shows none), the end
-        or the failure as a TurnFinished."""
+        or the failure as a TurnFinished. A turn is traced (a race is not): its rounds bring
+        the rejected drafts to the buffer, and the whole record comes with its end."""
         self._take_engine()
+        recorder = Recorder()
         try:
             for ev in engine.chat(messages, max_tokens=max_tokens, sampling=settings.sampling,
-                                  stop=stop, target_only=race):
+                                  stop=stop, target_only=race, trace=not race):
+                recorder.add(ev)
                 if isinstance(ev, TokenEvent):
                     if not race:
                         self.buffer.push(ev)
+                elif isinstance(ev, RoundTrace):
+                    self.buffer.push_round(ev)
                 else:
-                    self.post_message(TurnFinished(ev, race=race))
+                    info = engine.info
+                    about = engine_fields(info.target, info.drafter, info.draft_length,
+                                          info.split)
+                    trace = None if race else recorder.trace(
+                        engine=about, sampling=settings.sampling, messages=messages)
+                    self.post_message(TurnFinished(ev, race=race, trace=trace))
         except Exception as e:  # noqa: BLE001 - one line for the user, never a traceback
             what = "race failed" if race else "generation failed"
             self.post_message(TurnFinished(None, user_message(e, what), race))
@@ -277,13 +306,14 @@ class ChatPane(VerticalScroll):
         elif msg.race:
             self._race_done(msg.end)
         else:
-            self._turn_done(msg.end)
+            self._turn_done(msg.end, msg.trace)
 
-    def _turn_done(self, end: TurnEnd) -> None:
+    def _turn_done(self, end: TurnEnd, trace: Trace | None = None) -> None:
         self.flush()
         answer, self.answer = self.answer, None
         s = end.stats
         if answer is not None:
+            answer.trace = trace
             answer.finish(s, stats_line(s, self.baseline))
             if self.baseline is None:
                 self._estimating.append(answer)
@@ -310,7 +340,7 @@ class ChatPane(VerticalScroll):
 
     def _failed(self, text: str, title: str) -> None:
         """E.g. a prompt longer than the context: forget the message, give its text back."""
-        self.buffer.drain()
+        self.buffer.reset()
         if self.answer is not None:
             self.answer.remove()
             self.answer = None

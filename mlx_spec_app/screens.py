@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal, Vertical
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Select, Static
@@ -25,6 +25,7 @@ COLOURS = [
     ("corrected", "the target's own token where it rejected a draft (bold, underlined)"),
     ("bonus", "the target's extra token after it accepted every draft (italic)"),
     ("target", "decoded by the target alone (speculation off, or not worth it)"),
+    ("rejected", "drafts the target threw away (f3 hides them); not the answer's text"),
 ]
 
 
@@ -46,13 +47,13 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,f1,q", "dismiss", "close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Vertical { width: 96; height: auto; max-height: 90%; border: thick $primary;
-                            padding: 1 2; background: $surface; }
+    HelpScreen > VerticalScroll { width: 96; height: auto; max-height: 90%;
+                                  border: thick $primary; padding: 1 2; background: $surface; }
     HelpScreen Button { margin-top: 1; }
     """
 
     def compose(self) -> ComposeResult:
-        with Vertical():
+        with VerticalScroll():
             yield Static(help_content())
             yield Button("Close (esc)", id="close")
 

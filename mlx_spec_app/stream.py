@@ -12,7 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from mlx_spec import TokenEvent
+from mlx_spec import RoundTrace, TokenEvent, rejected_text
 
 # Characters Textual's Content strips from text. Removed before spans are computed, so the
 # span offsets of coloured tokens stay aligned with the text that is displayed.
@@ -24,15 +24,36 @@ def clean(text: str) -> str:
 
 
 class TokenBuffer:
-    """Tokens produced by the worker, waiting for the UI's next flush.
+    """Tokens produced by the worker, waiting for the UI's next flush, as (text, kind) pieces;
+    a traced round's rejected drafts come as a piece of kind "rejected" just before the
+    target's correction (the round is announced before its tokens: push_round).
 
     deque.append and deque.popleft are atomic, so the worker never waits for the UI."""
 
     def __init__(self) -> None:
         self._items: deque[tuple[str, str]] = deque()
+        self._ghost: tuple[int, str] | None = None  # (tokens until the correction, its ghost)
+
+    def push_round(self, round_: RoundTrace) -> None:
+        """The round whose tokens come next: where it rejected a draft that its correction
+        follows, the drafts it threw away go in just before that correction."""
+        lost = rejected_text(round_) if round_.accepted < round_.emitted else ""
+        self._ghost = (round_.accepted, clean(lost)) if lost else None
 
     def push(self, event: TokenEvent) -> None:
+        if self._ghost is not None:
+            ahead, lost = self._ghost
+            if ahead == 0:
+                self._items.append((lost, "rejected"))
+                self._ghost = None
+            else:
+                self._ghost = (ahead - 1, lost)
         self._items.append((clean(event.text), event.kind.value))
+
+    def reset(self) -> None:
+        """Empty, for a new turn."""
+        self._items.clear()
+        self._ghost = None
 
     def drain(self) -> list[tuple[str, str]]:
         out = []

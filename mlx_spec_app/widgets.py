@@ -17,7 +17,7 @@ from textual.visual import Visual
 from textual.widget import Widget
 from textual.widgets import Markdown, Static, TextArea
 
-from mlx_spec import Baseline, Totals, TurnStats
+from mlx_spec import Baseline, Totals, Trace, TurnStats
 
 MB = 2**20
 
@@ -30,16 +30,19 @@ KIND_STYLE = {
     "corrected": "bold underline $error",
     "bonus": "italic $primary",
     "target": "",
+    "rejected": "strike dim",  # drafts the target threw away: not the answer's text
 }
 KIND_LABEL = {
     "accepted": "accepted draft",
     "corrected": "corrected by target",
     "bonus": "bonus",
     "target": "target only",
+    "rejected": "rejected drafts",
 }
-LEGEND = Content(" ").join(  # short: it shares one row with the status (f1 explains more)
-    Content.styled(f"■ {kind}", KIND_STYLE[kind] or "$text-muted") for kind in KIND_STYLE
-)
+# each kind's name in its own style; short: it shares one row with the status, and fits the
+# 40 columns 80 leave beside the side panel (f1 explains more)
+LEGEND = Content(" ").join(Content.styled(kind, KIND_STYLE[kind] or "$text-muted")
+                           for kind in KIND_STYLE)
 STOPPED = "[stopped]"
 INTERRUPTED = "[interrupted]"  # the app ended (killed, crashed) while the answer streamed
 
@@ -209,14 +212,19 @@ class Answer(Vertical):
     Answer.markdown > Markdown { display: block; }
     """
 
-    def __init__(self, highlight: bool = True) -> None:
+    def __init__(self, highlight: bool = True, ghosts: bool = True) -> None:
+        """ghosts: show the drafts the target rejected (pieces of kind "rejected"), struck
+        out; they are never part of the answer's text."""
         super().__init__(classes="answer")
-        self.highlight = highlight
-        self.kinds: list[str] = []
+        self.highlight, self.ghosts = highlight, ghosts
+        self.kinds: list[str] = []  # the answer's tokens' (ghosts not counted)
         self.stats: TurnStats | None = None
+        self.trace: Trace | None = None  # the finished turn's record (inspect, save trace)
         self.partial = False
-        self._text = ""
-        self._runs: list[Span] = []  # adjacent tokens of one kind merged; style = kind name
+        self._pieces: list[tuple[str, str]] = []  # everything extend() was given
+        self._plain = ""  # the answer's own text
+        self._text = ""  # what is shown: with the ghosts when they are on
+        self._runs: list[Span] = []  # adjacent pieces of one kind merged; style = kind name
         # built here, not in compose, so they can be updated before the answer is mounted
         self._tokens = TokenView(self._content, classes="tokens")
         self._stats = Static(classes="stats")
@@ -229,12 +237,20 @@ class Answer(Vertical):
 
     @property
     def text(self) -> str:
-        return self._text
+        """The answer's own text (rejected drafts are not in it)."""
+        return self._plain
 
     @property
     def runs(self) -> list[list[str]]:
-        """[[text, kind], ...] with adjacent same-kind tokens merged (what history stores)."""
-        return [[self._text[r.start:r.end], str(r.style)] for r in self._runs]
+        """[[text, kind], ...] with adjacent same-kind pieces merged, rejected drafts included
+        (what history stores)."""
+        runs: list[list[str]] = []
+        for text, kind in self._pieces:
+            if runs and runs[-1][1] == kind:
+                runs[-1][0] += text
+            elif text:
+                runs.append([text, kind])
+        return runs
 
     @property
     def content(self) -> Content:
@@ -242,9 +258,18 @@ class Answer(Vertical):
         return self._content(0, len(self._text))
 
     def extend(self, pieces: list[tuple[str, str]]) -> None:
-        """Append (text, kind) tokens and redraw what changed."""
+        """Append (text, kind) tokens (and rejected drafts) and redraw what changed."""
+        self._pieces += pieces
+        self._show(pieces)
+        self._tokens.sync(self._text)
+
+    def _show(self, pieces: list[tuple[str, str]]) -> None:
         for text, kind in pieces:
-            self.kinds.append(kind)
+            if kind != "rejected":
+                self.kinds.append(kind)
+                self._plain += text
+            elif not self.ghosts:
+                continue
             if not text:
                 continue
             start = len(self._text)
@@ -254,20 +279,28 @@ class Answer(Vertical):
                 runs[-1] = Span(runs[-1].start, len(self._text), kind)
             else:
                 runs.append(Span(start, len(self._text), kind))
-        self._tokens.sync(self._text)
+
+    def set_ghosts(self, on: bool) -> None:
+        """Show or hide the rejected drafts (the answer is drawn again)."""
+        if on == self.ghosts:
+            return
+        self.ghosts = on
+        self.kinds, self._plain, self._text, self._runs = [], "", "", []
+        self._show(self._pieces)
+        self._tokens.sync(self._text, redraw=True)
 
     def _content(self, start: int, end: int) -> Content:
         """text[start:end] with the kinds' styles (spans clipped and shifted)."""
         spans = []
-        if self.highlight:
-            for r in reversed(self._runs):  # callers mostly want the end: stop early
-                if r.end <= start:
-                    break
+        for r in reversed(self._runs):  # callers mostly want the end: stop early
+            if r.end <= start:
+                break
+            if self.highlight or r.style == "rejected":  # a ghost is always told apart
                 style = KIND_STYLE[str(r.style)]
                 if style and r.start < end:
                     spans.append(Span(max(r.start, start) - start, min(r.end, end) - start,
                                       style))
-            spans.reverse()
+        spans.reverse()
         return Content(self._text[start:end], spans)
 
     def set_highlight(self, on: bool) -> None:

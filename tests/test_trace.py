@@ -21,7 +21,7 @@ from mlx_spec.engine import inspect
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.events import Kind, RoundTrace, TokenEvent, TurnEnd
 from mlx_spec.sampling import SamplingConfig
-from mlx_spec.trace import Recorder, engine_fields, from_dict, load, save, to_dict
+from mlx_spec.trace import Recorder, engine_fields, from_dict, load_trace, save_trace, to_dict
 from mlx_spec.trace_html import render
 
 MAX = 32
@@ -151,19 +151,19 @@ def test_the_record_round_trips_and_renders(models, tmp_path):
                                    sampling=SamplingConfig(),
                                    messages=[{"role": "user", "content": "<b>hi</b>"}])
     assert from_dict(json.loads(json.dumps(to_dict(trace)))) == trace
-    assert load(save(trace, tmp_path / "t.json")) == trace
+    assert load_trace(save_trace(trace, tmp_path / "t.json")) == trace
     page = render(trace)
     assert "&lt;b&gt;hi&lt;/b&gt;" in page and "<b>hi</b>" not in page
     answer = page.split("<div class='answer'>", 1)[1].split("</div>", 1)[0]
     ghosts = answer.count("class='ghost'>")
     corrected = sum(t.kind == "corrected" for t in trace.tokens)
     assert corrected and ghosts == corrected  # a ghost before every correction
-    assert save(trace, tmp_path / "t.html").read_text() == page
+    assert save_trace(trace, tmp_path / "t.html").read_text() == page
     with pytest.raises(MlxSpecError, match="not an mlx-spec trace"):
         from_dict({"format": "other"})
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(MlxSpecError, match="cannot read the trace"):
-        load(tmp_path / "bad.json")
+        load_trace(tmp_path / "bad.json")
 
 
 def test_a_plain_step_is_a_round_of_no_drafts(models):
@@ -180,7 +180,7 @@ def test_the_page_opens_in_chromium(models, tmp_path):
     """A real browser runs the page's script: the token named in the address shows its
     round and its p in the details box."""
     trace = recorded(turn(models, models[2], trace=True)).trace()
-    page = save(trace, tmp_path / "t.html")
+    page = save_trace(trace, tmp_path / "t.html")
     out = subprocess.run(
         ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
          f"file://{page}#t=3"], capture_output=True, text=True, timeout=120)

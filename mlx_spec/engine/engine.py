@@ -35,7 +35,7 @@ class Chat(Conversation):
         """Continue the conversation with `prompt` (the whole token sequence so far: a prefix
         shared with the previous turn is reused from the cache). Yields TokenEvents, then
         TurnEnd. ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests).
-        trace: a RoundTrace after each round's tokens (what was drafted, p and q, times)."""
+        trace: a RoundTrace before each round's tokens (what was drafted, p and q, times)."""
         return generate(self, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
                         ignore_eos=ignore_eos, trace=trace)
 

@@ -40,7 +40,7 @@ def generate(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
              ignore_eos: bool = False, trace: bool = False) -> Iterator[Event]:
     """Continue the conversation with `prompt` (the whole token sequence so far: a prefix
     shared with the previous turn is reused from the cache). Yields TokenEvents, then TurnEnd.
-    ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests). trace: after
+    ignore_eos: run to max_tokens through end-of-turn tokens (benchmarks, tests). trace: before
     each round's tokens, a RoundTrace (its drafts, p and q, verdicts, times; inspect.py)."""
     with closing(play(conv, prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
                       ignore_eos=ignore_eos, trace=trace)) as turn:
@@ -162,10 +162,9 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
                 reply = None
                 new, kinds, record = item
                 cut, reason = _stop_point(new, turn.left, eos)
-                before = len(turn.generated)
+                if record is not None:  # first, so a UI can draw a rejected draft before its fix
+                    yield replace(record, emitted=_shown(new[:cut], eos))
                 yield from _emit(turn, new[:cut], kinds[:cut], eos, decoder)
-                if record is not None:
-                    yield replace(record, emitted=len(turn.generated) - before)
                 if reason:
                     break
         if reason:
@@ -292,6 +291,11 @@ def _emit(turn: _Turn, tokens: list[int], kinds: list[Kind], eos: set[int],
         turn.generated.append(tok)
         turn.emitted.append(time.perf_counter())
         yield TokenEvent(tok, decoder.add(tok), kind)
+
+
+def _shown(tokens: list[int], eos: set[int]) -> int:
+    """How many of `tokens` _emit yields: those before the first end-of-turn token."""
+    return next((i for i, tok in enumerate(tokens) if tok in eos), len(tokens))
 
 
 def turn_stats(conv: Conversation, prompt: list[int], reused: int, prefill_s: float,

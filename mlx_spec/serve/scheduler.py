@@ -38,14 +38,14 @@ class Job:
     prompt: list[int]
     max_tokens: int
     sampling: SamplingConfig
-    trace: bool = False  # a RoundTrace after each round's tokens (the trace extension)
+    trace: bool = False  # a RoundTrace before each round's tokens (the trace extension)
     stop: threading.Event = field(default_factory=threading.Event)
     events: queue.Queue = field(default_factory=queue.Queue)
     arrived: float = field(default_factory=time.perf_counter)
     last_token: float = 0.0  # when its latest token was handed over
 
     def stream(self) -> Iterator[Event]:
-        """The job's events (TokenEvents, a RoundTrace after each round's if traced, then its
+        """The job's events (TokenEvents, a RoundTrace before each round's if traced, then its
         TurnEnd); an engine error is raised here."""
         while (item := self.events.get()) is not _DONE:
             if isinstance(item, BaseException):

@@ -15,11 +15,13 @@ from mlx_spec import (
     DraftLength,
     EngineInfo,
     Kind,
+    RoundTrace,
     SamplingConfig,
     TokenEvent,
     TurnEnd,
     TurnStats,
 )
+from mlx_spec.events import Choice, Row
 
 A, C, B, T = Kind.ACCEPTED, Kind.CORRECTED, Kind.BONUS, Kind.TARGET
 
@@ -29,6 +31,43 @@ ANSWER = [
     (" return", A), (" a", A), (" +", A), (" b", B), ("\n", T), ("\n", T), ("print", C),
     ("(add", A), ("(1", A), (",", A), (" 2", B), ("))", T),
 ]
+
+# what each correction replaced: the drafts its round rejected (the first one) and left untested
+REJECTED = {2: ["(x", ","], 6: [" pass"], 13: ["add", "(", "2"]}
+
+
+def rounds() -> list[RoundTrace]:
+    """ANSWER as rounds (each ends at a token of the target's own), with fixed numbers: an
+    accepted draft p 0.9 q 0.8, a rejected one p 0.1 q 0.6, the target's token p 0.7."""
+    out, start = [], 0
+    for i, (text, kind) in enumerate(ANSWER):
+        if kind == A:
+            continue
+        lost = REJECTED.get(i, []) if kind == C else []
+        drafts = [(t, "accepted", 0.9, 0.8) for t, _ in ANSWER[start:i]]
+        drafts += [(t, "rejected" if j == 0 else "untested", 0.1, 0.6)
+                   for j, t in enumerate(lost)]
+        rows = [Row(draft=100 + j, draft_text=t, verdict=v, p=p, q=q,
+                    token=start + j if j <= i - start else None,
+                    token_text=ANSWER[start + j][0] if j <= i - start else "",
+                    p_token=(0.9 if v == "accepted" else 0.7) if j <= i - start else None,
+                    top_p=(Choice(1, ANSWER[start + min(j, i - start)][0], 0.7),
+                           Choice(2, " other", 0.2)),
+                    top_q=(Choice(100 + j, t, q), Choice(3, " else", 0.1)))
+                for j, (t, v, p, q) in enumerate(drafts)]
+        rows.append(Row(draft=None, draft_text="", verdict="", p=None, q=None,
+                        token=i if kind != C or not lost else None,
+                        token_text=text if kind != C or not lost else "",
+                        p_token=0.7 if kind != C or not lost else None,
+                        top_p=(Choice(1, text, 0.7),)))
+        k = len(drafts)
+        out.append(RoundTrace(index=len(out), k=k, accepted=i - start, emitted=i + 1 - start,
+                              drafted=tuple(range(100, 100 + k)), copied=False, rule="p/q",
+                              at_s=0.012 + 0.011 * len(out), draft_s=0.002, verify_s=0.008,
+                              commit_s=0.001, rows=tuple(rows)))
+        start = i + 1
+    return out
+
 
 STATS = TurnStats(  # fixed numbers: see the module docstring
     prompt_tokens=15, generated_tokens=len(ANSWER), target_passes=8, drafted=24, accepted=11,
@@ -86,9 +125,16 @@ class FakeEngine:
         return MEASURED if self._idle_work("measure_baseline", stop) else None
 
     def chat(self, messages, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
-             stop: threading.Event | None = None, target_only: bool = False):
+             stop: threading.Event | None = None, target_only: bool = False,
+             trace: bool = False):
         self._call("chat")
+        announced, at = {}, 0  # a traced turn: each round just before its first token
+        for r in rounds() if trace else ():
+            announced[at] = r
+            at += r.emitted
         for i, (text, kind) in enumerate(ANSWER[:max_tokens]):
+            if i in announced:
+                yield announced[i]
             yield TokenEvent(i, text, kind)
         yield TurnEnd(STATS, "stop", tuple(range(len(ANSWER))))
 

@@ -49,6 +49,23 @@ def test_chat_without_highlighting(snap_compare, home):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run)
 
 
+def test_inspect_at_80x24(snap_compare, home):
+    """f2 on the last answer: the cursor on its first correction, what decided it below."""
+    async def run(pilot):
+        await one_turn(pilot)
+        await pilot.press("f2")
+
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
+
+
+def test_round_timeline_at_80x24(snap_compare, home):
+    async def run(pilot):
+        await one_turn(pilot)
+        await pilot.press("f2", "t")
+
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
+
+
 def test_help_screen(snap_compare, home):
     assert snap_compare(make_app(), terminal_size=SIZE, press=["f1"], run_before=still_cursor)
 
