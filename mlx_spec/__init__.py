@@ -28,8 +28,7 @@ _HOME = {
     "Event": "events", "Kind": "events", "RoundTrace": "events", "TokenEvent": "events",
     "TurnEnd": "events", "TurnStats": "events",
     "Recorder": "trace", "Trace": "trace", "engine_fields": "trace", "load_trace": "trace",
-    "rejected_text": "trace",
-    "save_trace": "trace",
+    "rejected_text": "trace", "save_trace": "trace_html",
     "find_mtp_head": "loading", "load_engine": "loading", "load_target": "loading",
     "make_drafter": "loading",
     "SamplingConfig": "sampling",
@@ -82,4 +81,5 @@ if TYPE_CHECKING:
     from .spec import DraftLength, LoadSpec, parse_draft_length
     from .stats import Baseline, Totals
     from .templates import encode_chat, encode_raw, valid_text
-    from .trace import Recorder, Trace, engine_fields, load_trace, rejected_text, save_trace
+    from .trace import Recorder, Trace, engine_fields, load_trace, rejected_text
+    from .trace_html import save_trace

@@ -183,7 +183,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .events import TokenEvent, TurnEnd
     from .loading import load_engine
     from .templates import encode_chat, encode_raw, valid_text
-    from .trace import Recorder, engine_fields, save_trace
+    from .trace import Recorder, engine_fields
+    from .trace_html import save_trace
 
     sampling = sampling_from_args(args)  # validate before the (slow) load
     spec = spec_from_args(args)

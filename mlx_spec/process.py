@@ -41,6 +41,7 @@ class Generate:
     sampling: SamplingConfig | None
     target_only: bool
     trace: bool
+    drafter: str | None
     turn: int  # what a stop names: a stop for turn n never touches turn n + 1
 
 
@@ -211,11 +212,13 @@ class EngineProcess:
 
     def chat(self, messages: Messages, *, max_tokens: int = 256,
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-             target_only: bool = False, trace: bool = False) -> Iterator[Event]:
+             target_only: bool = False, trace: bool = False,
+             drafter: str | None = None) -> Iterator[Event]:
         with self._lock:
             self._turn += 1
             turn = self._turn
-            self._send(Generate(messages, max_tokens, sampling, target_only, trace, turn))
+            self._send(Generate(messages, max_tokens, sampling, target_only, trace, drafter,
+                                turn))
             signalled, finished = False, False
             try:
                 while True:

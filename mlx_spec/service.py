@@ -68,7 +68,8 @@ class EngineService(Protocol):
 
     def chat(self, messages: Messages, *, max_tokens: int = 256,
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-             target_only: bool = False, trace: bool = False) -> Iterator[Event]: ...
+             target_only: bool = False, trace: bool = False,
+             drafter: str | None = None) -> Iterator[Event]: ...
 
     def configure(self, *, draft_length: DraftLength | None = None,
                   drafter: str | None = None) -> EngineInfo: ...
@@ -92,7 +93,7 @@ class EngineInThread:
         spec = spec or LoadSpec()
         self.engine, self.spec = engine, spec
         self.conversation = engine.conversation()  # the chat's tokens, caches, drafter state
-        self._plain: Chat | None = None  # target-only on the same weights (races)
+        self._sides: dict[str, Chat] = {}  # races: a conversation per drafter kind
         self._drafters: dict[str, Any] = {"none": None,
                                           drafter_kind(self.conversation): engine.drafter}
         # what configure() can switch to: off, what was loaded, n-gram (needs no files), and
@@ -137,15 +138,17 @@ class EngineInThread:
 
     def chat(self, messages: Messages, *, max_tokens: int = 256,
              sampling: SamplingConfig | None = None, stop: threading.Event | None = None,
-             target_only: bool = False, trace: bool = False) -> Iterator[Event]:
+             target_only: bool = False, trace: bool = False,
+             drafter: str | None = None) -> Iterator[Event]:
+        """A turn of the chat; target_only / drafter: a race's turn instead, on a conversation
+        of its own with no drafter / a drafter of that kind (the chat's caches and drafter
+        state are never touched). Raises MlxSpecError."""
         from .templates import encode_chat
 
         conv = self.conversation
-        if target_only:
-            if self._plain is None:
-                self._plain = self.engine.conversation(drafter=None)
-            conv = self._plain
         with _own_stream():
+            if target_only or drafter is not None:
+                conv = self._side("none" if target_only else drafter)
             ids = encode_chat(conv.tokenizer, messages)
             yield from conv.generate(ids, max_tokens=max_tokens, sampling=sampling, stop=stop,
                                      trace=trace)
@@ -154,20 +157,33 @@ class EngineInThread:
                   drafter: str | None = None) -> EngineInfo:
         """Switch drafter (built the first time, then kept: switching back costs nothing) and
         draft length. Raises MlxSpecError."""
-        from .loading import make_drafter
-
         conv = self.conversation
         with _own_stream():
             if drafter is not None and drafter != drafter_kind(conv):
-                if drafter not in self._drafters:
-                    self._drafters[drafter] = make_drafter(
-                        drafter, conv.target, model_path=self.spec.model,
-                        draft_model=self.spec.draft_model, mtp=self.spec.mtp,
-                        lookup=self.spec.lookup)
-                conv.set_drafter(self._drafters[drafter])
+                conv.set_drafter(self._drafter(drafter))
             if draft_length is not None:
                 conv.set_draft_length(draft_length)
         return self.info
+
+    def _drafter(self, kind: str) -> Any:
+        """The drafter of that kind on this target: built the first time, then kept."""
+        from .loading import make_drafter
+
+        if kind not in self._drafters:
+            self._drafters[kind] = make_drafter(
+                kind, self.engine.target, model_path=self.spec.model,
+                draft_model=self.spec.draft_model, mtp=self.spec.mtp, lookup=self.spec.lookup)
+        return self._drafters[kind]
+
+    def _side(self, kind: str) -> Chat:
+        """The race conversation with a drafter of that kind ("none": target-only)."""
+        length = self.conversation.draft_length
+        if kind not in self._sides:
+            self._sides[kind] = self.engine.conversation(drafter=self._drafter(kind),
+                                                         draft_length=length)
+        elif self._sides[kind].draft_length != length:  # the user changed it since
+            self._sides[kind].set_draft_length(length)
+        return self._sides[kind]
 
     def close(self) -> None:
         pass

@@ -6,6 +6,7 @@ it as one self-contained HTML page).
     for event in chat.generate(ids, trace=True):
         recorder.add(event)
     save_trace(recorder.trace(engine=..., sampling=cfg, messages=...), "turn.json")
+    # (trace_html.save_trace: JSON, or for a .html path the page)
 
 Every figure in it was measured in the turn: p and q are the probabilities the round's
 acceptance test read (events.Row says which distribution), times are the engine's own clocks.
@@ -18,11 +19,13 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import MlxSpecError
 from .events import Choice, Event, RoundTrace, Row, TokenEvent, TurnEnd, TurnStats
-from .sampling import SamplingConfig
+
+if TYPE_CHECKING:  # no MLX here: the app's process reads and writes traces
+    from .sampling import SamplingConfig
 
 FORMAT = "mlx-spec-trace"
 VERSION = 1
@@ -79,7 +82,7 @@ class Recorder:
               messages: list[dict[str, str]] | None = None) -> Trace:
         return Trace(tuple(self.tokens), tuple(self.rounds),
                      self.end.stats if self.end is not None else None,
-                     dict(engine or {}), asdict(sampling or SamplingConfig()),
+                     dict(engine or {}), asdict(sampling) if sampling is not None else {},
                      tuple(messages or ()), time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
 
@@ -131,23 +134,6 @@ def _round(d: dict[str, Any]) -> RoundTrace:
     rows = tuple(Row(**{**r, "top_p": tuple(Choice(**c) for c in r["top_p"]),
                         "top_q": tuple(Choice(**c) for c in r["top_q"])}) for r in d["rows"])
     return RoundTrace(**{**d, "drafted": tuple(d["drafted"]), "rows": rows})
-
-
-def save_trace(trace: Trace, path: str | Path) -> Path:
-    """Write the trace: HTML for a .html / .htm path (one self-contained page), else JSON."""
-    path = Path(path).expanduser()
-    if path.suffix.lower() in (".html", ".htm"):
-        from .trace_html import render
-
-        text = render(trace)
-    else:
-        text = json.dumps(to_dict(trace), ensure_ascii=False, indent=1)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise MlxSpecError(f"cannot write the trace to {path}: {e.strerror or e}") from e
-    return path
 
 
 def load_trace(path: str | Path) -> Trace:

@@ -1,12 +1,15 @@
-"""A trace (trace.py) as one self-contained HTML page: the answer in the app's colours, the
-drafts the target threw away as ghost text after each correction, every token's p, q and round
-on hover (or a tap), and the round timeline. No network: styles, script and data are inline."""
+"""A trace (trace.py) saved: as JSON, or as one self-contained HTML page — the answer in the
+app's colours, the drafts the target threw away struck out before each correction, every
+token's p, q and round on hover (or a tap), and the round timeline. No network: styles, script
+and data are inline."""
 
 from __future__ import annotations
 
 import html
 import json
+from pathlib import Path
 
+from .errors import MlxSpecError
 from .trace import Trace, rejected_text, to_dict
 
 # the app's default theme (Textual's textual-dark): KIND_STYLE in mlx_spec_app/widgets.py
@@ -171,3 +174,17 @@ def _timeline(trace: Trace) -> str:
             "<span class='bar bc' style='width:.8em'></span> commit</th></tr>"
             + "".join(rows) + "</table>")
 
+
+def save_trace(trace: Trace, path: str | Path) -> Path:
+    """Write the trace: HTML for a .html / .htm path (one self-contained page), else JSON."""
+    path = Path(path).expanduser()
+    if path.suffix.lower() in (".html", ".htm"):
+        text = render(trace)
+    else:
+        text = json.dumps(to_dict(trace), ensure_ascii=False, indent=1)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise MlxSpecError(f"cannot write the trace to {path}: {e.strerror or e}") from e
+    return path

@@ -45,6 +45,7 @@ from .idle import IdleDone
 from .inspect import InspectScreen
 from .keys import ACTIONS, bindings
 from .models import DEMO_LINE, DEMO_PROMPTS, PACKAGED_LINE, PACKAGED_PROMPTS, is_packaged
+from .race import RacePicker
 from .screens import HelpScreen, HistoryScreen, LoadErrorScreen, SettingsScreen
 from .settings import EngineChoice, Settings
 from .widgets import LEGEND, PromptInput, StatsPanel
@@ -278,6 +279,22 @@ class SpecChatApp(App[None]):
     def action_race(self) -> None:
         if not self._refuse_if_busy() and self.chat.race(self.settings):
             self.activity.set(Busy.RACING)
+
+    def action_race_drafters(self) -> None:
+        """Pick a drafter, then race it against the last answer's (RaceScreen)."""
+        engine = self.host.engine
+        if self._refuse_if_busy() or engine is None:
+            return
+        if self.chat.last_turn is None:
+            self.notify("Race needs a finished answer first.", severity="warning")
+            return
+
+        def picked(kind: str | None) -> None:
+            if kind is not None and not self._refuse_if_busy() and \
+                    self.chat.race(self.settings, kind):
+                self.activity.set(Busy.RACING)
+
+        self.push_screen(RacePicker(engine.info.drafter, engine.info.drafters), picked)
 
     def action_stop(self) -> None:
         if self.activity.state.streaming:

@@ -42,6 +42,7 @@ from mlx_spec import (
 )
 
 from .history import COMPLETE, STOPPED, STREAMING, History
+from .race import RaceScreen
 from .settings import Settings
 from .stream import FramePacer, TokenBuffer
 from .widgets import INTERRUPTED, Answer, UserMessage, stats_line
@@ -106,6 +107,7 @@ class ChatPane(VerticalScroll):
         self.stop_event = threading.Event()
         self.last_turn: LastTurn | None = None
         self._settings = Settings()  # the running (or last) turn's
+        self._against = "none"  # the drafter the running (or last) race raced
         self._sent: tuple[str, int] | None = None  # (text, message id) of an unanswered send
         self._saving: int | None = None  # the row of the answer streaming now
         self._saved_at = 0.0
@@ -171,17 +173,20 @@ class ChatPane(VerticalScroll):
         self._start_turn(settings)
         return True
 
-    def race(self, settings: Settings) -> bool:
-        """The last prompt again, target-only on the same weights (the main engine's drafter
-        and caches are never touched), and both speeds side by side. False: nothing to race."""
+    def race(self, settings: Settings, against: str = "none") -> bool:
+        """The last prompt again on the same weights, target-only ("none") or with another
+        drafter (its kind), on a conversation of its own (the chat's drafter and caches are
+        never touched), and both speeds side by side — for a drafter, both answers in their
+        colours (RaceScreen). False: nothing to race."""
         if self.last_turn is None:
             self.notify("Race needs a finished answer first.", severity="warning")
             return False
         self._settings = settings
+        self._against = against
         self.stop_event = threading.Event()
         tokens = max(self.last_turn.end.stats.generated_tokens, 1)
         self._run(self._engine(), self.last_turn.messages, settings, self.stop_event,
-                  race=True, max_tokens=tokens)
+                  race=True, max_tokens=tokens, against=against)
         return True
 
     def stop(self) -> None:
@@ -256,15 +261,19 @@ class ChatPane(VerticalScroll):
 
     @work(thread=True, exclusive=True, group="gen")
     def _run(self, engine: EngineService, messages: Messages, settings: Settings,
-             stop: threading.Event, *, race: bool, max_tokens: int) -> None:
+             stop: threading.Event, *, race: bool, max_tokens: int,
+             against: str = "none") -> None:
         """The worker for turns and races: tokens into the buffer (a race shows none), the end
-        or the failure as a TurnFinished. A turn is traced (a race is not): its rounds bring
-        the rejected drafts to the buffer, and the whole record comes with its end."""
+        or the failure as a TurnFinished. A turn is traced, and a race with a drafter (not one
+        target-only): a turn's rounds bring the rejected drafts to the buffer, and the whole
+        record comes with its end."""
         self._take_engine()
         recorder = Recorder()
+        plain = race and against == "none"
         try:
             for ev in engine.chat(messages, max_tokens=max_tokens, sampling=settings.sampling,
-                                  stop=stop, target_only=race, trace=not race):
+                                  stop=stop, target_only=plain, trace=not plain,
+                                  drafter=against if race and not plain else None):
                 recorder.add(ev)
                 if isinstance(ev, TokenEvent):
                     if not race:
@@ -275,7 +284,7 @@ class ChatPane(VerticalScroll):
                     info = engine.info
                     about = engine_fields(info.target, info.drafter, info.draft_length,
                                           info.split)
-                    trace = None if race else recorder.trace(
+                    trace = None if plain else recorder.trace(
                         engine=about, sampling=settings.sampling, messages=messages)
                     self.post_message(TurnFinished(ev, race=race, trace=trace))
         except Exception as e:  # noqa: BLE001 - one line for the user, never a traceback
@@ -304,7 +313,7 @@ class ChatPane(VerticalScroll):
         if msg.end is None:
             self._failed(msg.error, "Race failed" if msg.race else "Not sent")
         elif msg.race:
-            self._race_done(msg.end)
+            self._race_done(msg.end, msg.trace)
         else:
             self._turn_done(msg.end, msg.trace)
 
@@ -327,15 +336,20 @@ class ChatPane(VerticalScroll):
         self._sent = None
         self.post_message(self.Finished(s))
 
-    def _race_done(self, plain: TurnEnd) -> None:
+    def _race_done(self, other: TurnEnd, trace: Trace | None = None) -> None:
         last = self.last_turn
         if last is not None:
             sampling = self._settings.sampling
-            line = race_line(last.end, plain, sampling.temperature == 0,
+            line = race_line(last.end, other, sampling.temperature == 0,
                              seeded=sampling.invariant)
             if last.answer.is_attached:
                 last.answer.show_race(line)
-            self.notify(line, title="Race", timeout=8)
+            if trace is not None and last.answer.trace is not None and \
+                    other.finish_reason != "cancelled":
+                self.app.push_screen(RaceScreen([(last.end, last.answer.trace), (other, trace)],
+                                                line, self.baseline, ghosts=self.ghosts))
+            else:
+                self.notify(line, title="Race", timeout=8)
         self.post_message(self.Finished(None))
 
     def _failed(self, text: str, title: str) -> None:
@@ -367,12 +381,14 @@ class ChatPane(VerticalScroll):
 
 
 def race_line(spec: TurnEnd, plain: TurnEnd, greedy: bool, *, seeded: bool = False) -> str:
-    """Both runs' speed side by side; for greedy runs, whether the tokens were the same; for
-    seeded ones (drafter-invariant sampling) that they were, as they must be."""
+    """Both runs' speed side by side (the race's: target-only, or another drafter); for greedy
+    runs, whether the tokens were the same; for seeded ones (drafter-invariant sampling) that
+    they were, as they must be."""
     if plain.finish_reason == "cancelled":
         return "race stopped"
     a, b = spec.stats, plain.stats
-    line = (f"race · speculative ({a.drafter}) {a.tok_s:.1f} tok/s │ target-only "
+    other = "target-only" if b.drafter == "none" else b.drafter
+    line = (f"race · speculative ({a.drafter}) {a.tok_s:.1f} tok/s │ {other} "
             f"{b.tok_s:.1f} tok/s │ ×{a.tok_s / b.tok_s if b.tok_s else 0:.2f}")
     if greedy:
         n = min(len(spec.tokens), len(plain.tokens))

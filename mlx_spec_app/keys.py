@@ -36,6 +36,8 @@ ACTIONS = (
            "last answer as Markdown / as coloured tokens"),
     Action("f5", "race", "race", "Race target-only",
            "race: the last prompt again, target-only; tok/s side by side"),
+    Action("f10", "race_drafters", "", "Race another drafter",
+           "race another drafter on the last prompt: both answers side by side, coloured"),
     Action("f2", "inspect", "inspect", "Inspect the last answer",
            "inspect the last answer: each token's p, q and round; the round timeline"),
     Action("f3", "toggle_ghosts", "", "Toggle rejected drafts",

@@ -31,6 +31,7 @@ FLOORS = {
     "mlx_spec.engine.batch_length": 2.0,
     "mlx_spec.engine.schedule": 2.0,
     "mlx_spec.engine.rounds": 2.0,
+    "mlx_spec.engine.inspect": 2.0,  # what a traced round records (p, q, top-5)
     "mlx_spec.engine.conversation": 2.1,
     "mlx_spec.engine.turn": 2.2,
     "mlx_spec.engine.batch": 2.2,
@@ -59,6 +60,7 @@ FACADES = {"mlx_spec": 5.5}  # (the app, floor 6, uses only it)
 # import no MLX when imported (the UI's process loads these); hub/ none even lazily
 NO_MLX = ("mlx_spec.hub", "mlx_spec.spec", "mlx_spec.kinds", "mlx_spec.layouts",
           "mlx_spec.errors", "mlx_spec.events", "mlx_spec.stats", "mlx_spec.service",
+          "mlx_spec.trace", "mlx_spec.trace_html",
           "mlx_spec.process", "mlx_spec_app")
 NEVER_MLX = ("mlx_spec.hub",)
 

@@ -21,8 +21,8 @@ from mlx_spec.engine import inspect
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.events import Kind, RoundTrace, TokenEvent, TurnEnd
 from mlx_spec.sampling import SamplingConfig
-from mlx_spec.trace import Recorder, engine_fields, from_dict, load_trace, save_trace, to_dict
-from mlx_spec.trace_html import render
+from mlx_spec.trace import Recorder, engine_fields, from_dict, load_trace, to_dict
+from mlx_spec.trace_html import render, save_trace
 
 MAX = 32
 

@@ -126,7 +126,7 @@ class FakeEngine:
 
     def chat(self, messages, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
              stop: threading.Event | None = None, target_only: bool = False,
-             trace: bool = False):
+             trace: bool = False, drafter: str | None = None):
         self._call("chat")
         announced, at = {}, 0  # a traced turn: each round just before its first token
         for r in rounds() if trace else ():

@@ -4,13 +4,14 @@ timeline), and the saved trace — on the recorded engine (fakes.py) and on the 
 
 from __future__ import annotations
 
-from textual.widgets import DataTable, Static, TextArea
+from textual.widgets import DataTable, OptionList, Static, TextArea
 
 from mlx_spec import Baseline, EngineInThread, LoadSpec, load_trace, rejected_text
 from mlx_spec.paths import data_dir
 from mlx_spec_app.app import SpecChatApp
 from mlx_spec_app.inspect import InspectScreen
 from mlx_spec_app.keys import ACTIONS
+from mlx_spec_app.race import RacePicker, RaceScreen
 from mlx_spec_app.stream import TokenBuffer
 from mlx_spec_app.widgets import Answer, PromptInput
 
@@ -123,3 +124,31 @@ def test_no_app_key_is_taken_by_the_prompt_box():
     """The prompt has focus: a key TextArea binds never reaches the app (f6 and f7 select)."""
     taken = {key for b in TextArea.BINDINGS for key in b.key.split(",")}
     assert not taken & {a.key for a in ACTIONS}
+
+
+async def test_racing_another_drafter_shows_both_answers_in_their_colours(home):
+    """f10, then n-gram: the last prompt again with the other drafter, on a conversation of
+    its own. Greedy: the same text in both panes, coloured by what each drafter got right."""
+    engine = EngineInThread.load(LoadSpec(num_draft=3))
+    app = SpecChatApp(engine=engine, baseline=BASELINE)
+    async with app.run_test(size=(100, 30)) as pilot:
+        answer = await one_turn(pilot, "def add(")
+        before = list(engine.conversation.tokens)
+        await pilot.press("f10")
+        assert isinstance(app.screen, RacePicker)
+        picker = app.screen.query_one(OptionList)
+        ids = [picker.get_option_at_index(i).id for i in range(picker.option_count)]
+        assert "mtp" not in ids and {"none", "ngram"} <= set(ids)
+        picker.highlighted = ids.index("ngram")
+        await pilot.press("enter")
+        for _ in range(3000):
+            if isinstance(app.screen, RaceScreen):
+                break
+            await pilot.pause(0.01)
+        screen = app.screen
+        assert isinstance(screen, RaceScreen)
+        (_, mine), (end, theirs) = screen.sides
+        assert end.stats.drafter == "ngram" and mine.text == theirs.text == answer.text
+        assert [t.kind for t in mine.tokens] != [t.kind for t in theirs.tokens]
+        assert "same tokens" in screen.verdict and "ngram" in screen.verdict
+        assert list(engine.conversation.tokens) == before  # the chat was never touched
