@@ -451,6 +451,6 @@ def rows_table(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         pos = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]) or "–"
         tpp = f"{r['tokens_per_pass']:.2f}" if r["tokens_per_pass"] else "–"
-        lines.append(f"| {r['name']} | {r['tok_s']:.2f} | ×{r['speedup_vs_target']:.2f} | "
-                     f"{tpp} | {pos} |")
+        speedup = f"×{r['speedup_vs_target']:.2f}" if r["speedup_vs_target"] else "–"  # none run
+        lines.append(f"| {r['name']} | {r['tok_s']:.2f} | {speedup} | {tpp} | {pos} |")
     return lines

@@ -1,8 +1,11 @@
 """`python -m benchmarks --group trace`: what recording a turn round by round costs (the app
 traces every turn: rejected drafts, inspect, saved traces). The same engine and prompts, traced
-and untraced, in mirrored order (A B … B A), as the app runs them: the bundled demo pair (MTP
-behind prompt lookup, k auto) and SmolLM2-135M-Instruct with its shipped head behind lookup,
-at T = 0 and T = 1. Results: docs/BENCH-trace.md, docs/bench-trace.json."""
+and untraced, in mirrored order (A B … B A), with the drafters the app runs: the bundled demo
+pair (MTP behind prompt lookup) and SmolLM2-135M-Instruct with its shipped head behind lookup,
+at T = 0 and T = 1. The draft length is fixed (K): under `auto` each side's policy learns its
+own k from its own timings, and the two would not do the same work (a first measurement here
+read tokens per pass 2.25 / 1.58 on the same greedy tokens). Results: docs/BENCH-trace.md,
+docs/bench-trace.json."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from .report import POOLED, ratios_table, reproduce_line, rows_table, write_json
 from .runners import BenchConfig, Row, Runner, fresh_store, machine, row_dicts
 from .smollm2 import prompts
 
+K = 4  # what a traced round reads grows with k: (k + 1) rows of p, k of q
 TRACE = BenchConfig(prompts=4, max_tokens=64, temperatures=((0.0, 1.0), (1.0, 1.0)),
                     parity_pairs=2)
 TRACE_QUICK = BenchConfig(prompts=1, max_tokens=16, temperatures=((0.0, 1.0),),
@@ -61,7 +65,7 @@ def traced_vs_not(cfg: BenchConfig, log: Log, *, real: bool = True
 
 def _side(run: Runner, target: Any, drafter: Any, temp: float, top_p: float, name: str, *,
           traced: bool):
-    return lambda: run.ours(target, drafter(), "auto", name, "lookup first", target.name, temp,
+    return lambda: run.ours(target, drafter(), K, name, "lookup first", target.name, temp,
                             top_p, trace=traced)
 
 
@@ -76,7 +80,7 @@ def bench_trace(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]
              reproduce_line("trace", result), "",
              "The app traces every turn (the rejected drafts it shows, the inspect screen, the "
              "saved trace): each round's p and q at its drafts, their top-5, one host read a "
-             f"round. Same engine, traced and untraced: {c['prompts']} chat prompts × "
+             f"round. Same engine, traced and untraced, k = {K}: {c['prompts']} chat prompts × "
              f"{c['max_tokens']} tokens, every side run {2 * c['parity_pairs']}× in mirrored "
              "order; tok/s is the mean of a side's runs, ratios the median of ABBA pairs. "
              + POOLED, "", *ratios_table(info["ratios"]), "", *rows_table(result["rows"])]

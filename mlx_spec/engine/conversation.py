@@ -55,6 +55,7 @@ class Conversation:
         self.policy: AdaptiveDraftLength | None = None  # the last turn's (None: a fixed k)
         self.copy_policy: AdaptiveDraftLength | None = None  # its copies' (lookup drafters)
         self.eos = set(eos)
+        self._texts: dict[int, str] = {}  # text_of's: a traced round reads ~10 per draft
         self.reset()
 
     # -- state ---------------------------------------------------------------------------------
@@ -225,7 +226,10 @@ class Conversation:
 
     def text_of(self, token: int) -> str:
         """One token's text on its own (a trace's: a piece of a character may read as �)."""
-        return self.tokenizer.decode([token])
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.tokenizer.decode([token])
+        return text
 
     def verify(self, draft: Draft) -> tuple[mx.array, mx.array | None]:
         """One target forward over [pending, d_1..d_k]: logits [k+1, V] (and hidden [k+1, D]).
