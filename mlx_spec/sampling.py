@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
@@ -270,6 +270,9 @@ class Verdict:
     odds: tuple[float, ...] = ()
     overlap: tuple[float, ...] = ()
     drafted: tuple[int, ...] = ()  # every draft of the round, rejected ones too (host ints)
+    # the rows the test read, kept for a trace: the (penalized) logits [k+1, V] when greedy,
+    # p [k+1, V] when sampling (evaluated with the decision: reading them costs no pass)
+    read: mx.array | None = field(default=None, compare=False, repr=False)
 
     @property
     def tokens(self) -> list[int]:
@@ -464,7 +467,7 @@ class Sampler:
         drafts = _as_ids(drafts)
         logits = penalize(target_logits, history, drafts, self.cfg)
         if self.cfg.greedy:
-            return greedy_verdict(logits, drafts)
+            return replace(greedy_verdict(logits, drafts), read=logits)
 
         def decide(p: mx.array) -> tuple[mx.array, mx.array, mx.array | None]:
             if self.cfg.invariant:  # the target's own token at every row; drafts kept while equal
@@ -481,9 +484,10 @@ class Sampler:
         n, token, chances = decide(p)
         verdict = _resolve(n, token, drafts, exact, chances)
         if verdict is None:
-            n, token, chances = decide(processed(logits, self.cfg, full=True)[0])
+            p = processed(logits, self.cfg, full=True)[0]
+            n, token, chances = decide(p)
             verdict = _resolve(n, token, drafts, chances=chances)
-        return verdict
+        return replace(verdict, read=p)
 
 
 def _fresh_seed() -> int:

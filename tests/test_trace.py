@@ -55,7 +55,7 @@ def test_untraced_turns_do_no_trace_work_and_tracing_changes_no_token(models, mo
     def refuse(*a, **k):
         raise AssertionError("an untraced turn looked at its rows")
 
-    monkeypatch.setattr(inspect, "look", refuse)
+    monkeypatch.setattr(inspect, "rows", refuse)
     plain = turn(models, models[2], trace=False)
     assert not [e for e in plain if isinstance(e, RoundTrace)]
     tokens = [(e.token, e.kind) for e in plain if isinstance(e, TokenEvent)]

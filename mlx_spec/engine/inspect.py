@@ -1,19 +1,23 @@
 """What a traced round records about each row of its verify pass: p and q of the drafts, the
 top-5 of each, and the verdicts (events.RoundTrace, events.Row).
 
-Only a traced turn calls this: it adds one small device computation per round (a softmax and a
-partial selection over the k + 1 rows the pass already produced) and one host read of its
-[k + 1, ~12] result, never anything per token. An untraced turn does none of it.
+Only a traced turn calls this, after its round is decided. It reads what the round already
+computed and evaluated — the rows the acceptance test read (Verdict.read: the logits when
+greedy, p when sampling) and the drafter's q — as host views of the same memory, no device
+work and no extra sync; the rest is numpy over k + 1 rows (a greedy row's normalizer, the
+top-5s). An untraced turn does none of it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import mlx.core as mx
+import numpy as np
 
 from ..events import Choice, Row
-from ..sampling import Sampler, Verdict, penalize, processed
+from ..sampling import Sampler, Verdict
 
 TOP = 5
 
@@ -25,70 +29,80 @@ def rule(sampler: Sampler) -> str:
     return "gumbel" if sampler.cfg.invariant else "p/q"
 
 
-def look(sampler: Sampler, logits: mx.array, history: list[int], drafts: mx.array,
-         q: mx.array | None) -> list[mx.array]:
-    """The lazy arrays a round's rows are read from: p over the rows [k+1, V] (the test's
-    distribution, or the plain softmax when greedy: see events.Row), its top-5, q's top-5 and
-    q at the drafts. Built before the commit (the penalty reads the history as it was)."""
-    logits = penalize(logits, history, drafts, sampler.cfg)
-    if sampler.cfg.greedy:
-        p = mx.softmax(logits.astype(mx.float32), axis=-1)
-    else:
-        p = processed(logits, sampler.cfg, full=True)[0].astype(mx.float32)
-    out = list(_top(p))
-    out.append(p)
-    if q is not None and q.shape[0]:
-        q = q.astype(mx.float32)
-        out += [*_top(q), mx.take_along_axis(q, drafts.reshape(-1, 1).astype(mx.int32),
-                                             axis=-1).reshape(-1)]
-    return out
-
-
-def _top(probs: mx.array) -> tuple[mx.array, mx.array]:
-    """The TOP most likely tokens of each row (unsorted) and their probabilities."""
-    n = min(TOP, probs.shape[-1])
-    ids = mx.argpartition(-probs, kth=n - 1, axis=-1)[:, :n]
-    return ids, mx.take_along_axis(probs, ids, axis=-1)
-
-
-def read(arrays: list[mx.array], verdict: Verdict, emitted: list[int],
+def rows(sampler: Sampler, verdict: Verdict, q: mx.array | None, emitted: list[int],
          text: Callable[[int], str]) -> tuple[Row, ...]:
-    """The rows of a round from look()'s arrays (evaluated here: the round's one extra host
-    read). emitted: the round's tokens as committed (the turn may have cut them short)."""
-    p_ids, p_top, p = arrays[:3]
-    drafts = list(verdict.drafted)
-    k, n = len(drafts), verdict.num_accepted
-    # p at every draft and every emitted token, gathered on the device: [k+1] rows at most
-    at = mx.array([[i, t] for i, t in enumerate(drafts)] +
-                  [[i, t] for i, t in enumerate(emitted)] or [[0, 0]], dtype=mx.int32)
-    p_at = p[at[:, 0], at[:, 1]]
-    small = [p_ids, p_top, p_at, *arrays[3:]]
-    mx.eval(*small)
-    p_ids, p_top, p_at = p_ids.tolist(), p_top.tolist(), p_at.tolist()
+    """The round's rows. emitted: its tokens as committed (the turn may have cut them
+    short). p is the test's distribution; when greedy, whose test is the argmax, the
+    target's plain softmax of the logits it compared (events.Row)."""
+    drafts, n = list(verdict.drafted), verdict.num_accepted
+    k, m = len(drafts), len(emitted)
+    p_rows, p_ids, p_top, p_at = _probs(_host(verdict.read), drafts + emitted,
+                                        list(range(k)) + list(range(m)), sampler.cfg.greedy)
     q_ids = q_top = q_at = None
-    if len(arrays) > 3:
-        q_ids, q_top, q_at = (a.tolist() for a in arrays[3:])
-    p_draft, p_emit = p_at[:k], p_at[k:k + len(emitted)]
-    rows = []
+    if q is not None and q.shape[0]:
+        _, q_ids, q_top, q_at = _probs(_host(q), drafts, list(range(k)), False)
+    out = []
     for i in range(k + 1):
         draft = drafts[i] if i < k else None
-        token = emitted[i] if i < len(emitted) else None
-        verdict_i = ("" if draft is None else "accepted" if i < n else
-                     "rejected" if i == n else "untested")
-        rows.append(Row(
+        token = emitted[i] if i < m else None
+        out.append(Row(
             draft=draft, draft_text=text(draft) if draft is not None else "",
-            verdict=verdict_i,
-            p=p_draft[i] if draft is not None else None,
+            verdict=("" if draft is None else "accepted" if i < n else
+                     "rejected" if i == n else "untested"),
+            p=p_at[i] if draft is not None else None,
             q=q_at[i] if draft is not None and q_at is not None else None,
             token=token, token_text=text(token) if token is not None else "",
-            p_token=p_emit[i] if token is not None else None,
+            p_token=p_at[k + i] if token is not None else None,
             top_p=_choices(p_ids[i], p_top[i], text),
             top_q=_choices(q_ids[i], q_top[i], text) if q_ids is not None and i < k else (),
         ))
-    return tuple(rows)
+    return tuple(out)
+
+
+def _probs(scores: np.ndarray, ids: list[int], at_rows: list[int], logits: bool
+           ) -> tuple[np.ndarray, list, list, list[float]]:
+    """Each row's TOP most likely ids and their probabilities, and the probabilities of `ids`
+    at rows `at_rows`, as host lists. logits: the rows are logits (p = softmax of each)."""
+    # No temporary as large as the rows: a fresh 1 MB array costs more in page faults than the
+    # arithmetic on it (SmolLM2's 5 × 49k rows: 2.5 ms a round with numpy's argpartition and
+    # fresh buffers, ~0.5 ms with one scratch buffer kept). Top-n: n argmaxes, each masked out.
+    n, rows_at = min(TOP, scores.shape[-1]), np.arange(scores.shape[0])
+    scratch = _scratch(scores.shape)
+    np.copyto(scratch, scores)
+    top = np.empty((scores.shape[0], n), np.int64)
+    for j in range(n):
+        top[:, j] = scratch.argmax(axis=-1)
+        scratch[rows_at, top[:, j]] = -np.inf
+    vals = scores[rows_at[:, None], top]
+    at = scores[at_rows, ids] if ids else np.zeros(0, np.float32)
+    if logits:  # p = exp(logit - logsumexp(row)); the first of the top is the row's peak
+        peak = vals[:, :1]
+        np.subtract(scores, peak, out=scratch)
+        norm = peak + np.log(np.exp(scratch, out=scratch).sum(axis=-1, keepdims=True))
+        vals = np.exp(vals - norm)
+        at = np.exp(at - norm[at_rows, 0]) if ids else at
+    return scores, top.tolist(), vals.tolist(), at.tolist()
+
+
+_LOCAL = threading.local()  # each engine thread's scratch buffer
+
+
+def _scratch(shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 buffer of at least `shape`, kept for this thread's next round."""
+    size = int(np.prod(shape))
+    buf = getattr(_LOCAL, "buf", None)
+    if buf is None or buf.size < size:
+        buf = _LOCAL.buf = np.empty(size, np.float32)
+    return buf[:size].reshape(shape)
+
+
+def _host(a: mx.array) -> np.ndarray:
+    """The rows as float32 numpy, a view of the evaluated array where it already is."""
+    return np.asarray(a if a.dtype == mx.float32 else a.astype(mx.float32))
 
 
 def _choices(ids: list[int], probs: list[float], text: Callable[[int], str]
              ) -> tuple[Choice, ...]:
+    """Those tokens, most likely first, leaving out any the distribution gives nothing."""
     ranked = sorted(zip(probs, ids, strict=True), reverse=True)
-    return tuple(Choice(t, text(t), pr) for pr, t in ranked)
+    return tuple(Choice(t, text(t), pr) for pr, t in ranked if pr > 0)

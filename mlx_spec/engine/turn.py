@@ -196,8 +196,6 @@ def speculate(conv: Conversation, k: int, copy: bool, sampler: Sampler, schedule
     t = time.perf_counter()
     verdict = sampler.verdict(logits, conv.tokens, draft.tokens, draft.probs)
     verify_s += time.perf_counter() - t  # the verdict reads the pass: the host waits here
-    looked = (inspect.look(sampler, logits, conv.tokens, draft.tokens, draft.probs)
-              if turn.trace else None)
     n, k = verdict.num_accepted, draft.k
     new = verdict.tokens[: keep(verdict.tokens)]
     t = time.perf_counter()
@@ -214,7 +212,7 @@ def speculate(conv: Conversation, k: int, copy: bool, sampler: Sampler, schedule
         k=k, accepted=n, drafted=verdict.drafted, copied=draft.copied,
         rule=inspect.rule(sampler), at_s=round_start - turn.t0, draft_s=draft_s,
         verify_s=verify_s, commit_s=commit_s,
-        rows=inspect.read(looked, verdict, new, conv.text_of) if looked is not None else ())
+        rows=inspect.rows(sampler, verdict, draft.probs, new, conv.text_of) if turn.trace else ())
     yield new, ([Kind.ACCEPTED] * n + [last])[: len(new)], record
 
 
@@ -265,8 +263,6 @@ def plain_rounds(conv: Conversation, sampler: Sampler, more: Callable[[], bool],
             ran = turn.resumed((yield RoundDue(0, sampler, False)))
             _, logits, hidden, _, _ = _ran(conv, ran, 0, sampler, False, False)
             verdict = sampler.verdict(logits, conv.tokens, Draft().tokens, None)
-            looked = (inspect.look(sampler, logits, conv.tokens, Draft().tokens, None)
-                      if turn.trace else None)
             conv.commit(verdict.tokens, len(conv.tokens), hidden)
             seconds = time.perf_counter() - t
             turn.tally.add_pass(0, 0, 0.0, seconds)
@@ -274,8 +270,8 @@ def plain_rounds(conv: Conversation, sampler: Sampler, more: Callable[[], bool],
             record = turn.traced(
                 k=0, accepted=0, drafted=(), copied=False, rule=inspect.rule(sampler),
                 at_s=t - turn.t0, draft_s=0.0, verify_s=seconds, commit_s=0.0,
-                rows=(inspect.read(looked, verdict, verdict.tokens, conv.text_of)
-                      if looked is not None else ()))
+                rows=(inspect.rows(sampler, verdict, None, verdict.tokens, conv.text_of)
+                      if turn.trace else ()))
             yield verdict.tokens, [Kind.TARGET], record
             if not more():
                 return
