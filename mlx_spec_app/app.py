@@ -48,8 +48,10 @@ from .models import DEMO_LINE, DEMO_PROMPTS, PACKAGED_LINE, PACKAGED_PROMPTS, is
 from .race import RacePicker
 from .screens import HelpScreen, HistoryScreen, LoadErrorScreen, SettingsScreen
 from .settings import EngineChoice, Settings
-from .widgets import LEGEND, PromptInput, StatsPanel
+from .widgets import PromptInput, StatsPanel, legend
 
+# what the first note says about watching speculation (docs/APP.md "Why a draft was rejected")
+WATCH = " · After an answer: f2 shows why each token, f3 the drafts the model rejected."
 # With the engine in this process (EngineInThread: tests, MLX_SPEC_ENGINE=thread), its thread
 # needs the GIL back the moment an MLX evaluation returns; Python's default 5 ms switch interval
 # lets a UI frame in progress keep it that long. Set while the app runs, restored when it ends.
@@ -78,6 +80,7 @@ class SpecChatApp(App[None]):
         self.models = ModelPicker(self, self.host, self.activity, self.history)
         self.chat = ChatPane(self.history, take_engine=self.host.idle.yield_engine, id="chat")
         self.settings = Settings.restore(self.history.get("settings"))  # the next turn's
+        self.chat.ghosts = self.history.get("ghosts") is True  # off until f3 (it clutters)
         self.highlight = True
         self.totals = Totals()
         self.pull = pull
@@ -101,7 +104,7 @@ class SpecChatApp(App[None]):
             with Vertical(id="main"):
                 yield self.chat
                 with Horizontal(id="bar"):
-                    yield Static(LEGEND, id="legend")
+                    yield Static(legend(self.chat.ghosts), id="legend")
                     yield Static("", id="status")
                 yield PromptInput(id="prompt")
             yield StatsPanel(id="panel")
@@ -206,10 +209,10 @@ class SpecChatApp(App[None]):
         self._settle()
         if msg.spec is not None and msg.spec.model is None and not self.chat.messages:
             self.chat.note(f"This is {DEMO_LINE}. Try: {' · '.join(DEMO_PROMPTS)}  "
-                           "(ctrl+l: other models)")
+                           f"(ctrl+l: other models){WATCH}")
         elif msg.spec is not None and is_packaged(msg.spec.model) and not self.chat.messages:
             self.chat.note(f"This is {Path(msg.spec.model).stem}, {PACKAGED_LINE}. Try: "
-                           f"{' · '.join(PACKAGED_PROMPTS)}  (ctrl+l: other models)")
+                           f"{' · '.join(PACKAGED_PROMPTS)}  (ctrl+l: other models){WATCH}")
 
     def on_load_failed(self, msg: LoadFailed) -> None:
         self.activity.set(Busy.NOT_LOADED)
@@ -413,6 +416,8 @@ class SpecChatApp(App[None]):
 
     def action_toggle_ghosts(self) -> None:
         self.chat.set_ghosts(not self.chat.ghosts)
+        self.history.set("ghosts", self.chat.ghosts)
+        self.query_one("#legend", Static).update(legend(self.chat.ghosts))
         self.notify("Rejected drafts shown." if self.chat.ghosts else "Rejected drafts hidden.",
                     timeout=2)
 

@@ -100,7 +100,7 @@ class ChatPane(VerticalScroll):
         self.baseline: Baseline | None = None  # None: not measured yet ("estimating…")
         self._estimating: list[Answer] = []  # finished before the baseline came
         self.highlight = True
-        self.ghosts = True  # rejected drafts shown, struck out
+        self.ghosts = False  # rejected drafts shown, struck out (the app remembers the choice)
         self.messages: Messages = []
         self.conversation: int | None = None
         self.answer: Answer | None = None  # the answer being streamed

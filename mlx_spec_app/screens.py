@@ -25,7 +25,7 @@ COLOURS = [
     ("corrected", "the target's own token where it rejected a draft (bold, underlined)"),
     ("bonus", "the target's extra token after it accepted every draft (italic)"),
     ("target", "decoded by the target alone (speculation off, or not worth it)"),
-    ("rejected", "drafts the target threw away (f3 hides them); not the answer's text"),
+    ("rejected", "drafts the target threw away (f3 shows / hides them); not the answer"),
 ]
 
 

@@ -39,10 +39,12 @@ KIND_LABEL = {
     "target": "target only",
     "rejected": "rejected drafts",
 }
-# each kind's name in its own style; short: it shares one row with the status, and fits the
-# 40 columns 80 leave beside the side panel (f1 explains more)
-LEGEND = Content(" ").join(Content.styled(kind, KIND_STYLE[kind] or "$text-muted")
-                           for kind in KIND_STYLE)
+def legend(ghosts: bool) -> Content:
+    """Each kind's name in its own style ("rejected" while rejected drafts are shown). Short:
+    it shares one row with the status, and fits the 40 columns 80 leave beside the side panel
+    (f1 explains more)."""
+    return Content(" ").join(Content.styled(kind, KIND_STYLE[kind] or "$text-muted")
+                             for kind in KIND_STYLE if ghosts or kind != "rejected")
 STOPPED = "[stopped]"
 INTERRUPTED = "[interrupted]"  # the app ended (killed, crashed) while the answer streamed
 
@@ -212,7 +214,7 @@ class Answer(Vertical):
     Answer.markdown > Markdown { display: block; }
     """
 
-    def __init__(self, highlight: bool = True, ghosts: bool = True) -> None:
+    def __init__(self, highlight: bool = True, ghosts: bool = False) -> None:
         """ghosts: show the drafts the target rejected (pieces of kind "rejected"), struck
         out; they are never part of the answer's text."""
         super().__init__(classes="answer")

@@ -50,20 +50,24 @@ def test_the_buffer_puts_a_rounds_rejected_drafts_just_before_its_correction():
 
 
 async def test_rejected_drafts_show_struck_out_and_are_never_the_answer(home):
+    """Off until f3 (a weak drafter's ghosts clutter the answer); the choice is remembered."""
     app = SpecChatApp(engine=FakeEngine(), baseline=BASELINE)
     async with app.run_test(size=(100, 30)) as pilot:
         answer = await one_turn(pilot)
-        assert answer.text == ANSWER_TEXT  # what is copied, saved and sent back
+        assert answer.content.plain == answer.text == ANSWER_TEXT  # copied, saved, sent back
+        assert "rejected" not in str(app.query_one("#legend", Static).render())
+        await pilot.press("f3")
         shown = answer.content.plain
         assert "(x,(a" in shown and " pass\n" in shown and "add(2print" in shown
+        assert answer.text == ANSWER_TEXT and app.history.get("ghosts") is True
+        assert "rejected" in str(app.query_one("#legend", Static).render())
         assert app.chat.messages[-1]["content"] == ANSWER_TEXT
         saved = app.history.messages(app.chat.conversation)[-1]
         assert saved["content"] == ANSWER_TEXT
         assert ["(x,", "rejected"] in saved["kinds"]  # reopened, the ghosts come back
         await pilot.press("f3")
         assert answer.content.plain == ANSWER_TEXT and answer.text == ANSWER_TEXT
-        await pilot.press("f3")
-        assert answer.content.plain == shown
+        assert app.history.get("ghosts") is False
 
 
 async def test_inspect_shows_p_q_the_test_and_the_round_of_any_token(home):

@@ -49,6 +49,15 @@ def test_chat_without_highlighting(snap_compare, home):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run)
 
 
+def test_rejected_drafts_at_80x24(snap_compare, home):
+    """f3: the drafts each correction replaced, struck out just before it."""
+    async def run(pilot):
+        await one_turn(pilot)
+        await pilot.press("f3")
+
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
+
+
 def test_inspect_at_80x24(snap_compare, home):
     """f2 on the last answer: the cursor on its first correction, what decided it below."""
     async def run(pilot):
