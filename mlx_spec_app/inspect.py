@@ -60,32 +60,29 @@ def details(trace: Trace, i: int) -> Content:
 
 
 def _round_line(r: RoundTrace) -> str:
-    copy = " (a copy of earlier text)" if r.copied else ""
-    return (f"round {r.index + 1}: drafted {r.k}{copy}, accepted {r.accepted} · draft "
-            f"{1e3 * r.draft_s:.1f} ms, verify {1e3 * r.verify_s:.1f} ms, commit "
+    copy = " (a copy)" if r.copied else ""
+    return (f"round {r.index + 1}: drafted {r.k}{copy}, accepted {r.accepted} · draft / verify "
+            f"/ commit {1e3 * r.draft_s:.1f} / {1e3 * r.verify_s:.1f} / "
             f"{1e3 * r.commit_s:.1f} ms")
 
 
 def _row_lines(r: RoundTrace, row: Row) -> list[Content]:
     out = []
-    if row.draft is not None:
-        test = {"argmax": "greedy: kept while it is the target's argmax",
+    if row.draft is not None:  # q: none where the drafter drafts greedily (T = 0)
+        test = {"argmax": "kept if the target's argmax",
                 "p/q": f"min(1, p/q) {pct(row.chance)}",
-                "gumbel": "seeded: kept while it is the target's own draw"}[r.rule]
+                "gumbel": "kept if the target's own draw"}[r.rule]
         out.append(Content(f"draft {shown(row.draft_text)}: p {pct(row.p)} · q {pct(row.q)} · "
                            f"{test} → {row.verdict}"))
     if row.token is not None:
-        out.append(Content(f"target p({shown(row.token_text)}) {pct(row.p_token)}"
-                           + (" (p is the target's softmax at T = 1; the rule is the argmax)"
-                              if r.rule == "argmax" else "")))
+        out.append(Content(f"p({shown(row.token_text)}) {pct(row.p_token)}"
+                           + (" · greedy: p is the softmax at T = 1" if r.rule == "argmax"
+                              else "")))
     out.append(Content("top-5 p: " + "  ".join(f"{shown(c.text)} {pct(c.prob)}"
                                                for c in row.top_p)))
     if row.top_q:
         out.append(Content("top-5 q: " + "  ".join(f"{shown(c.text)} {pct(c.prob)}"
                                                    for c in row.top_q)))
-    elif row.draft is not None:
-        out.append(Content("q: the drafter reports no distribution when greedy",
-                           ).stylize("$text-muted"))
     return out
 
 
@@ -164,9 +161,19 @@ class InspectScreen(ModalScreen[None]):
         if not self.trace.tokens:
             self.query_one("#details", Static).update("No tokens in this answer.")
             return
-        self.query_one("#tokens", Static).update(
-            answer_content(self.trace, self.cursor, self.ghosts))
+        content = answer_content(self.trace, self.cursor, self.ghosts)
+        self.query_one("#tokens", Static).update(content)
         self.query_one("#details", Static).update(details(self.trace, self.cursor))
+        self.call_after_refresh(self._follow, content)
+
+    def _follow(self, content: Content) -> None:
+        """Scroll the answer so the cursor's row is in view (a long answer)."""
+        pane, tokens = self.query_one("#answer", VerticalScroll), self.query_one("#tokens")
+        start = next((s.start for s in content.spans if str(s.style) == "reverse"), 0)
+        if tokens.size.width:
+            row = content[:start + 1].get_height(tokens.styles, tokens.size.width) - 1
+            if not pane.scroll_offset.y <= row < pane.scroll_offset.y + pane.size.height:
+                pane.scroll_to(y=max(0, row - pane.size.height // 2), animate=False)
 
     def action_move(self, step: int) -> None:
         self.cursor = max(0, min(len(self.trace.tokens) - 1, self.cursor + step))
