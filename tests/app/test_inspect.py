@@ -88,6 +88,8 @@ async def test_inspect_shows_p_q_the_test_and_the_round_of_any_token(home):
         await pilot.press("left", "left")
         text = str(details.render())
         assert screen.cursor == 4 and "accepted draft" in text and "→ accepted" in text
+        await pilot.click("#tokens", offset=(1, 0))  # "def": the answer's first token
+        assert screen.cursor == 0 and "'def'" in str(details.render())
         await pilot.press("t")
         table = screen.query_one(DataTable)
         assert table.display and table.row_count == len(rounds())
