@@ -25,7 +25,7 @@ from .smollm2 import prompts
 
 K = 4  # what a traced round reads grows with k: (k + 1) rows of p, k of q
 TRACE = BenchConfig(prompts=4, max_tokens=64, temperatures=((0.0, 1.0), (1.0, 1.0)),
-                    parity_pairs=2)
+                    parity_pairs=3)
 TRACE_QUICK = BenchConfig(prompts=1, max_tokens=16, temperatures=((0.0, 1.0),),
                           parity_pairs=1)
 

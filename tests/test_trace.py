@@ -186,3 +186,21 @@ def test_the_page_opens_in_chromium(models, tmp_path):
          f"file://{page}#t=3"], capture_output=True, text=True, timeout=120)
     dom = out.stdout
     assert "id=\"tip\"" in dom and "round " in dom.split("id=\"tip\"", 1)[1][:400], out.stderr
+
+
+@pytest.mark.parametrize("logits", [True, False])
+def test_both_ways_to_the_top_five_agree(monkeypatch, logits):
+    """Small rows take numpy's argpartition, large ones n masked argmaxes in a kept buffer
+    (no 1 MB temporaries): the same ids, most likely first, and the same probabilities."""
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=(5, 3000)).astype(np.float32)
+    if not logits:
+        scores = np.exp(scores) / np.exp(scores).sum(-1, keepdims=True)
+    ids, at = [7, 11, 2999], [0, 3, 4]
+    small = inspect._probs(scores, ids, at, logits)
+    monkeypatch.setattr(inspect, "SMALL", 0)
+    large = inspect._probs(scores, ids, at, logits)
+    assert small[1] == large[1] and np.allclose(small[2], large[2]) and small[3] == large[3]
+    want = np.exp(scores) / np.exp(scores).sum(-1, keepdims=True) if logits else scores
+    assert np.allclose(large[2], np.sort(want, -1)[:, ::-1][:, :5], rtol=1e-5)
+    assert np.allclose(large[3], want[at, ids], rtol=1e-5)
