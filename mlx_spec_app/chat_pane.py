@@ -107,7 +107,6 @@ class ChatPane(VerticalScroll):
         self.stop_event = threading.Event()
         self.last_turn: LastTurn | None = None
         self._settings = Settings()  # the running (or last) turn's
-        self._against = "none"  # the drafter the running (or last) race raced
         self._sent: tuple[str, int] | None = None  # (text, message id) of an unanswered send
         self._saving: int | None = None  # the row of the answer streaming now
         self._saved_at = 0.0
@@ -182,7 +181,6 @@ class ChatPane(VerticalScroll):
             self.notify("Race needs a finished answer first.", severity="warning")
             return False
         self._settings = settings
-        self._against = against
         self.stop_event = threading.Event()
         tokens = max(self.last_turn.end.stats.generated_tokens, 1)
         self._run(self._engine(), self.last_turn.messages, settings, self.stop_event,
@@ -279,7 +277,8 @@ class ChatPane(VerticalScroll):
                     if not race:
                         self.buffer.push(ev)
                 elif isinstance(ev, RoundTrace):
-                    self.buffer.push_round(ev)
+                    if not race:
+                        self.buffer.push_round(ev)
                 else:
                     info = engine.info
                     about = engine_fields(info.target, info.drafter, info.draft_length,
