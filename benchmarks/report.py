@@ -454,3 +454,19 @@ def rows_table(rows: list[dict[str, Any]]) -> list[str]:
         speedup = f"×{r['speedup_vs_target']:.2f}" if r["speedup_vs_target"] else "–"  # none run
         lines.append(f"| {r['name']} | {r['tok_s']:.2f} | {speedup} | {tpp} | {pos} |")
     return lines
+
+
+def mirrored(config: dict[str, Any]) -> str:
+    """How an ABBA group's sides were run (its config as saved)."""
+    return (f"every side run {2 * config['parity_pairs']}× in mirrored order; tok/s is the mean "
+            "of a side's runs, ratios the median of ABBA pairs. " + POOLED)
+
+
+def write_group(out: Path, group: str, title: str, intro: str, result: dict[str, Any]
+                ) -> None:
+    """bench-GROUP.json and BENCH-GROUP.md: the title, how to reproduce, `intro`, the ratios
+    of result[group] and the rows."""
+    write_json(result, out / f"bench-{group}.json")
+    lines = [f"# Benchmark: {title}", "", reproduce_line(group, result), "", intro, "",
+             *ratios_table(result[group]["ratios"]), "", *rows_table(result["rows"])]
+    (out / f"BENCH-{group}.md").write_text("\n".join(lines + [""]))

@@ -21,7 +21,7 @@ from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.loading import load_target, make_drafter
 
 from .parity import Log, compare, ratio, real_weights
-from .report import POOLED, ratios_table, reproduce_line, rows_table, write_json
+from .report import mirrored, write_group
 from .runners import BenchConfig, Row, Runner, fresh_store, machine, row_dicts
 
 PROMPTS = ["What should I consider when adopting a dog?",
@@ -93,15 +93,10 @@ def bench_smollm2(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, An
     rows, info = smollm2(cfg, log)
     result = {"machine": machine(), "config": asdict(cfg), "smollm2": info,
               "rows": row_dicts(rows), "minutes": (time.perf_counter() - started) / 60}
-    write_json(result, out / "bench-smollm2.json")
     c = result["config"]
-    lines = ["# Benchmark: SmolLM2-135M-Instruct with its shipped head", "",
-             reproduce_line("smollm2", result), "",
-             f"Target **{info['target']}** (the first run's chat model), head "
-             f"`{Path(info['head']).name}` (assets/heads/). {c['prompts']} chat prompts × "
-             f"{c['max_tokens']} tokens a run, none trained or tuned on; every side run "
-             f"{2 * c['parity_pairs']}× in mirrored order; tok/s is the mean of a side's runs, "
-             "ratios the median of ABBA pairs. " + POOLED, "",
-             *ratios_table(info["ratios"]), "", *rows_table(result["rows"])]
-    (out / "BENCH-smollm2.md").write_text("\n".join(lines + [""]))
+    write_group(out, "smollm2", "SmolLM2-135M-Instruct with its shipped head",
+                f"Target **{info['target']}** (the first run's chat model), head "
+                f"`{Path(info['head']).name}` (assets/heads/). {c['prompts']} chat prompts × "
+                f"{c['max_tokens']} tokens a run, none trained or tuned on; " + mirrored(c),
+                result)
     return result

@@ -19,7 +19,7 @@ from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.loading import find_mtp_head, load_target, make_drafter
 
 from .parity import Log, compare, ratio, real_weights
-from .report import POOLED, ratios_table, reproduce_line, rows_table, write_json
+from .report import mirrored, write_group
 from .runners import BenchConfig, Row, Runner, fresh_store, machine, row_dicts
 from .smollm2 import prompts
 
@@ -74,15 +74,11 @@ def bench_trace(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]
     rows, info = traced_vs_not(cfg, log)
     result = {"machine": machine(), "config": asdict(cfg), "trace": info,
               "rows": row_dicts(rows), "minutes": (time.perf_counter() - started) / 60}
-    write_json(result, out / "bench-trace.json")
     c = result["config"]
-    lines = ["# Benchmark: what tracing a turn costs", "",
-             reproduce_line("trace", result), "",
-             "The app traces every turn (the rejected drafts it shows, the inspect screen, the "
-             "saved trace): each round's p and q at its drafts, their top-5, one host read a "
-             f"round. Same engine, traced and untraced, k = {K}: {c['prompts']} chat prompts × "
-             f"{c['max_tokens']} tokens, every side run {2 * c['parity_pairs']}× in mirrored "
-             "order; tok/s is the mean of a side's runs, ratios the median of ABBA pairs. "
-             + POOLED, "", *ratios_table(info["ratios"]), "", *rows_table(result["rows"])]
-    (out / "BENCH-trace.md").write_text("\n".join(lines + [""]))
+    write_group(out, "trace", "what tracing a turn costs",
+                "The app traces every turn (the rejected drafts it shows, the inspect screen, "
+                "the saved trace): each round's p and q at its drafts and their top-5, read on "
+                f"the host from what the round evaluated. Same engine, traced and untraced, "
+                f"k = {K}: {c['prompts']} chat prompts × {c['max_tokens']} tokens, "
+                + mirrored(c), result)
     return result

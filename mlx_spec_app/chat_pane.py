@@ -42,7 +42,7 @@ from mlx_spec import (
 )
 
 from .history import COMPLETE, STOPPED, STREAMING, History
-from .race import RaceScreen
+from .race import RaceScreen, label
 from .settings import Settings
 from .stream import FramePacer, TokenBuffer
 from .widgets import INTERRUPTED, Answer, UserMessage, stats_line
@@ -386,8 +386,7 @@ def race_line(spec: TurnEnd, plain: TurnEnd, greedy: bool, *, seeded: bool = Fal
     if plain.finish_reason == "cancelled":
         return "race stopped"
     a, b = spec.stats, plain.stats
-    other = "target-only" if b.drafter == "none" else b.drafter
-    line = (f"race · speculative ({a.drafter}) {a.tok_s:.1f} tok/s │ {other} "
+    line = (f"race · speculative ({a.drafter}) {a.tok_s:.1f} tok/s │ {label(b.drafter)} "
             f"{b.tok_s:.1f} tok/s │ ×{a.tok_s / b.tok_s if b.tok_s else 0:.2f}")
     if greedy:
         n = min(len(spec.tokens), len(plain.tokens))

@@ -19,6 +19,7 @@ from .widgets import speedup_text
 
 
 def label(kind: str) -> str:
+    """A drafter kind as a race names it ("none": target-only)."""
     return "target-only" if kind == "none" else kind
 
 
@@ -68,7 +69,7 @@ class RaceScreen(ModalScreen[None]):
     """
 
     def __init__(self, sides: list[tuple[TurnEnd, Trace]], verdict: str,
-                 baseline: Baseline | None, *, ghosts: bool = True) -> None:
+                 baseline: Baseline | None, *, ghosts: bool = False) -> None:
         super().__init__()
         self.sides, self.verdict, self.baseline, self.ghosts = sides, verdict, baseline, ghosts
 

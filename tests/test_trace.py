@@ -200,7 +200,7 @@ def test_both_ways_to_the_top_five_agree(monkeypatch, logits):
     small = inspect._probs(scores, ids, at, logits)
     monkeypatch.setattr(inspect, "SMALL", 0)
     large = inspect._probs(scores, ids, at, logits)
-    assert small[1] == large[1] and np.allclose(small[2], large[2]) and small[3] == large[3]
+    assert small[0] == large[0] and np.allclose(small[1], large[1]) and small[2] == large[2]
     want = np.exp(scores) / np.exp(scores).sum(-1, keepdims=True) if logits else scores
-    assert np.allclose(large[2], np.sort(want, -1)[:, ::-1][:, :5], rtol=1e-5)
-    assert np.allclose(large[3], want[at, ids], rtol=1e-5)
+    assert np.allclose(large[1], np.sort(want, -1)[:, ::-1][:, :5], rtol=1e-5)
+    assert np.allclose(large[2], want[at, ids], rtol=1e-5)

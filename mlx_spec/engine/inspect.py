@@ -37,11 +37,11 @@ def rows(sampler: Sampler, verdict: Verdict, q: mx.array | None, emitted: list[i
     target's plain softmax of the logits it compared (events.Row)."""
     drafts, n = list(verdict.drafted), verdict.num_accepted
     k, m = len(drafts), len(emitted)
-    p_rows, p_ids, p_top, p_at = _probs(_host(verdict.read), drafts + emitted,
+    p_ids, p_top, p_at = _probs(_host(verdict.read), drafts + emitted,
                                         list(range(k)) + list(range(m)), sampler.cfg.greedy)
     q_ids = q_top = q_at = None
     if q is not None and q.shape[0]:
-        _, q_ids, q_top, q_at = _probs(_host(q), drafts, list(range(k)), False)
+        q_ids, q_top, q_at = _probs(_host(q), drafts, list(range(k)), False)
     out = []
     for i in range(k + 1):
         draft = drafts[i] if i < k else None
@@ -61,12 +61,11 @@ def rows(sampler: Sampler, verdict: Verdict, q: mx.array | None, emitted: list[i
 
 
 def _probs(scores: np.ndarray, ids: list[int], at_rows: list[int], logits: bool
-           ) -> tuple[np.ndarray, list, list, list[float]]:
+           ) -> tuple[list, list, list[float]]:
     """Each row's TOP most likely ids and their probabilities, and the probabilities of `ids`
     at rows `at_rows`, as host lists. logits: the rows are logits (p = softmax of each)."""
-    # No temporary as large as the rows: a fresh 1 MB array costs more in page faults than the
-    # arithmetic on it (SmolLM2's 5 × 49k rows: 2.5 ms a round with numpy's argpartition and
-    # fresh buffers, ~0.5 ms with one scratch buffer kept). Top-n: n argmaxes, each masked out.
+    # No temporary as large as the rows: a fresh one costs more in page faults than the
+    # arithmetic on it (DESIGN.md "Traces"). Large rows' top-n: n argmaxes, each masked out.
     n, rows_at = min(TOP, scores.shape[-1]), np.arange(scores.shape[0])
     scratch = _scratch(scores.shape)
     if scores.size <= SMALL:  # one call: its index array is small
@@ -86,7 +85,7 @@ def _probs(scores: np.ndarray, ids: list[int], at_rows: list[int], logits: bool
         norm = peak + np.log(np.exp(scratch, out=scratch).sum(axis=-1, keepdims=True))
         vals = np.exp(vals - norm)
         at = np.exp(at - norm[at_rows, 0]) if ids else at
-    return scores, top.tolist(), vals.tolist(), at.tolist()
+    return top.tolist(), vals.tolist(), at.tolist()
 
 
 _LOCAL = threading.local()  # each engine thread's scratch buffer
