@@ -25,6 +25,7 @@ so recurrent tapes are dropped there and their memory returns.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -203,6 +204,46 @@ def nbytes(caches: list[Any]) -> int:
         except (AttributeError, TypeError):
             pass
     return total
+
+
+@dataclass(frozen=True)
+class Growth:
+    """What a conversation's caches cost: `per_token` bytes for each cached token (full
+    attention's K and V), and `fixed` bytes however long it grows (a sliding window at its
+    bound, a recurrent state). Buffers grow `step` slots at a time."""
+
+    per_token: float
+    fixed: int
+    step: int = 1
+
+    def bytes_for(self, tokens: int) -> int:
+        slots = -(-tokens // self.step) * self.step
+        return int(self.fixed + self.per_token * slots)
+
+    def scaled(self, factor: float) -> Growth:
+        return Growth(self.per_token * factor, int(self.fixed * factor), self.step)
+
+
+def growth(caches: list[Any]) -> Growth:
+    """Read off caches written at least once (their buffers exist): a KV buffer's bytes per
+    slot are its bytes over its slots, whatever its heads, head size, dtype or quantization; a
+    window holds at most window + slack + one allocation step of them; anything else is
+    counted at its present size."""
+    per, fixed, step = 0.0, 0, 1
+    for c in caches:
+        keys = getattr(c, "keys", None)
+        if isinstance(c, KVCache | QuantizedKVCache | RotatingKVCache) and keys is not None:
+            buffer = keys[0] if isinstance(keys, tuple | list) else keys
+            slot = c.nbytes / max(1, buffer.shape[-2])
+            if isinstance(c, WindowKVCache):
+                fixed += int(slot * (c.window + c.slack + c.step))
+            elif isinstance(c, RotatingKVCache):
+                fixed += int(slot * (c.max_size + c.step))
+            else:
+                per, step = per + slot, max(step, c.step)
+        else:
+            fixed += nbytes([c])
+    return Growth(per, fixed, step)
 
 
 def difference(got: list[Any], want: list[Any]) -> float:

@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="requests generating at once (more wait in a queue)")
     sv.add_argument("--max-queue", type=positive_int, default=64,
                     help="requests waiting at most; more are answered 429 at once")
+    sv.add_argument("--kv-memory", type=positive_float, default=None, metavar="GB",
+                    help="the memory (GiB) every admitted request's caches may take together; a "
+                         "request is admitted with its caches at their longest (prompt + "
+                         "max_tokens) or refused: 400 if it alone cannot fit, 429 while others "
+                         "hold the room (default: half the memory left beside the weights)")
 
     cal = sub.add_parser("calibrate", help="measure a model's costs and target-only speed on "
                                             "this machine now (saved; `auto` reads them)")
@@ -246,7 +251,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = load_engine(fetched(spec_from_args(args)))
     try:
         server = Server(engine, host=args.host, port=args.port, api_key=args.api_key,
-                        max_concurrency=args.max_concurrency, max_queue=args.max_queue)
+                        max_concurrency=args.max_concurrency, max_queue=args.max_queue,
+                        kv_memory=None if args.kv_memory is None else int(args.kv_memory * 2**30))
     except OSError as e:
         raise MlxSpecError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
     drafter = engine.drafter.name if engine.drafter is not None else "none"

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, replace
 from typing import Any
 
+from .. import cache as kv
+from ..cache import Growth
 from ..drafters.base import Drafter
 from ..events import Event
 from ..model import TargetModel
@@ -99,6 +101,18 @@ class Engine:
             return False
         self._save()
         return True
+
+    def memory_growth(self) -> Growth:
+        """What one conversation's caches take per token and fixed: measured on a two-token
+        turn (the buffers' own sizes, cache.growth), the drafter's state counted in as its
+        share of the target's at that point (a draft model's KV scales with the target's; a
+        head's is a layer's). Run once, before serving; not on a target split over ranks."""
+        chat = self.conversation()
+        for _ in chat.generate([0, 0], max_tokens=2):
+            pass
+        target = kv.growth(chat.cache)
+        drafter = chat.drafter_state.nbytes() if chat.drafter is not None else 0
+        return target.scaled(1 + drafter / max(1, kv.nbytes(chat.cache)))
 
     def keep_baseline(self, measured: Baseline) -> Baseline:
         """A measured target-only speed joins the saved ones (the median of the last few

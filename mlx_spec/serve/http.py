@@ -18,11 +18,17 @@ from ..trace import engine_fields
 from . import anthropic
 from . import responses as out
 from .requests import BadRequest, GenerateRequest, parse_chat, parse_completion
-from .scheduler import QueueFull, Scheduler
+from .scheduler import Budget, QueueFull, Scheduler, TooLarge
 from .tools import ToolStream, ToolText
 
 MAX_BODY = 16 * 2**20  # bytes
 RETRY_AFTER_S = 1
+# a kept-alive connection idle this long is closed (longer than httpx's 5 s pool expiry, so a
+# client never sends into a socket being closed): else each client that never closes its pool
+# holds a thread, its stack and its buffers for as long as it lives (the soak: 34 -> 168 threads
+# in two minutes, the RSS growing with them)
+KEEP_ALIVE_S = 10.0
+IO_TIMEOUT_S = 120.0  # once a request has begun: its body's read, each write of its answer
 GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 ROUTES = {"/v1/chat/completions": "chat", "/chat/completions": "chat",
           "/v1/completions": "completion", "/completions": "completion",
@@ -52,11 +58,15 @@ class Server:
     """`mlx-spec serve`: the engine behind OpenAI-compatible endpoints on host:port."""
 
     def __init__(self, engine: Engine, *, host: str = "127.0.0.1", port: int = 8080,
-                 api_key: str | None = None, max_concurrency: int = 4, max_queue: int = 64):
+                 api_key: str | None = None, max_concurrency: int = 4, max_queue: int = 64,
+                 kv_memory: int | None = None):
+        """kv_memory: the bytes every admitted request's caches may take together (None:
+        half of what the machine's memory leaves beside the weights; see `cache_budget`)."""
         self.engine, self.api_key = engine, api_key
         self.model = engine.target.name
         self.drafter = kind_of(engine.drafter.name) if engine.drafter is not None else "none"
-        self.scheduler = Scheduler(engine, max_concurrency=max_concurrency, max_queue=max_queue)
+        self.scheduler = Scheduler(engine, max_concurrency=max_concurrency, max_queue=max_queue,
+                                   budget=cache_budget(engine, kv_memory))
         handler = type("Handler", (_Handler,), {"server_state": self})
         self.httpd = _HTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
@@ -88,12 +98,36 @@ class Server:
         self.httpd.server_close()
 
 
+def cache_budget(engine: Engine, kv_memory: int | None) -> Budget | None:
+    """The memory budget requests are admitted against: `kv_memory` bytes, or half of the
+    machine's memory less the weights (the other half is the system's and the allocator's
+    slack). None for a target split over ranks: its caches live on every rank (not measured
+    here: a one-turn measurement would need every rank)."""
+    if engine.target.ranks > 1:
+        return None
+    if kv_memory is None:
+        from ..hub.presets import memory_bytes
+
+        weights = engine.target.nbytes() + (engine.drafter.nbytes() if engine.drafter else 0)
+        kv_memory = max(0, ((memory_bytes() or 16 * 2**30) - weights) // 2)
+    k = engine.draft_length if isinstance(engine.draft_length, int) else 0
+    return Budget(kv_memory, engine.memory_growth(), max(engine.auto_max_draft, k) + 1)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_state: Server
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: the CLI prints the URL
         pass
+
+    def handle_one_request(self) -> None:
+        self.connection.settimeout(KEEP_ALIVE_S)  # waiting for the next request's first line
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        self.connection.settimeout(IO_TIMEOUT_S)  # a request has begun: a longer patience
+        return super().parse_request()
 
     # -- routes ------------------------------------------------------------------------------
 
@@ -105,8 +139,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if path == "/metrics":
             sched = self.server_state.scheduler
-            return self._text(sched.metrics.render(running=sched.running,
-                                                   waiting=sched.waiting))
+            return self._text(sched.metrics.render(
+                running=sched.running, waiting=sched.waiting, reserved=sched.reserved,
+                budget=sched.budget.bytes if sched.budget else None))
         if path in ("/v1/models", "/models"):
             s = self.server_state
             return self._json(HTTPStatus.OK, {"object": "list", "data": [
@@ -131,6 +166,9 @@ class _Handler(BaseHTTPRequestHandler):
         except BadRequest as e:
             self.close_connection = True  # the body may be unread: start clean
             return self._error(HTTPStatus.BAD_REQUEST, str(e), param=e.param)
+        except TooLarge as e:
+            return self._error(HTTPStatus.BAD_REQUEST, f"the request is too large: {e}",
+                               param="max_tokens")
         except QueueFull as e:
             return self._error(HTTPStatus.TOO_MANY_REQUESTS, f"busy: {e}", "rate_limit_error",
                                {"Retry-After": str(RETRY_AFTER_S)})

@@ -78,7 +78,8 @@ class Metrics:
             for i, a in enumerate(s.per_position_accepted):
                 self.accepted_per_pos[i] += a
 
-    def render(self, *, running: int, waiting: int) -> str:
+    def render(self, *, running: int, waiting: int, reserved: int = 0,
+               budget: int | None = None) -> str:
         with self._lock:
             lines = []
             for name, kind, help, value in (
@@ -101,6 +102,11 @@ class Metrics:
                  "Requests' rounds those passes verified (÷ passes: the mean batch).",
                  self.verify_rows),
                 *memory_gauges(),
+                (OWN + "cache_reserved_bytes", "gauge",
+                 "Cache memory the admitted requests reserve (their longest).", reserved),
+                *([(OWN + "cache_budget_bytes", "gauge",
+                    "Cache memory the server admits requests up to (serve --kv-memory).",
+                    budget)] if budget is not None else []),
             ):
                 name = name if name.startswith(OWN) else PREFIX + name
                 lines += [f"# HELP {name} {help}", f"# TYPE {name} {kind}", f"{name} {value}"]

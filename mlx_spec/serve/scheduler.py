@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from ..cache import Growth
 from ..engine import Engine
 from ..engine.cycle import Batch, Row
 from ..events import Event, TokenEvent, TurnEnd
@@ -28,7 +29,27 @@ _DONE = object()  # the end of a job's events
 
 
 class QueueFull(Exception):
-    """More requests are waiting than the server queues (answered 429)."""
+    """More requests are waiting than the server queues, or the memory budget is taken by the
+    ones admitted (answered 429: try again)."""
+
+
+class TooLarge(Exception):
+    """A request whose caches alone would outgrow the memory budget (answered 400)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The bytes the caches of every admitted request (running or waiting) may take together,
+    and what one conversation's caches take (Engine.memory_growth). A request reserves its
+    caches at their longest — prompt + max_tokens + the longest draft a round verifies — when
+    admitted, and gives them back when it ends: what is admitted always fits."""
+
+    bytes: int
+    growth: Growth
+    reach: int  # the tokens a verify pass may hold beyond the committed ones
+
+    def need(self, prompt: int, max_tokens: int) -> int:
+        return self.growth.bytes_for(prompt + max_tokens + self.reach)
 
 
 @dataclass
@@ -42,6 +63,7 @@ class Job:
     stop: threading.Event = field(default_factory=threading.Event)
     events: queue.Queue = field(default_factory=queue.Queue)
     arrived: float = field(default_factory=time.perf_counter)
+    reserved: int = 0  # the bytes of the memory budget it holds until it ends
     last_token: float = 0.0  # when its latest token was handed over
 
     def stream(self) -> Iterator[Event]:
@@ -61,9 +83,11 @@ class Scheduler:
     """The engine thread: takes jobs (up to `max_concurrency` run at once, `max_queue` more
     wait), and advances every running job by one event in turn."""
 
-    def __init__(self, engine: Engine, *, max_concurrency: int = 4, max_queue: int = 64):
+    def __init__(self, engine: Engine, *, max_concurrency: int = 4, max_queue: int = 64,
+                 budget: Budget | None = None):
         self.engine = engine
         self.max_concurrency, self.max_queue = max_concurrency, max_queue
+        self.budget, self.reserved = budget, 0  # None: no memory budget (a split target)
         self._waiting: deque[Job] = deque()
         self._lock = threading.Condition()
         self._closed = False
@@ -81,12 +105,22 @@ class Scheduler:
     def submit(self, prompt: list[int], *, max_tokens: int, sampling: SamplingConfig,
                trace: bool = False) -> Job:
         job = Job(prompt, max_tokens, sampling, trace)
+        need = self.budget.need(len(prompt), max_tokens) if self.budget else 0
+        if self.budget and need > self.budget.bytes:
+            raise TooLarge(f"its caches would take {_mb(need)} (a {len(prompt)}-token prompt "
+                           f"and max_tokens {max_tokens}); the server's budget for all of them "
+                           f"is {_mb(self.budget.bytes)} (serve --kv-memory)")
         with self._lock:
             if self._closed:
                 raise QueueFull("the server is shutting down")
             if self.running + len(self._waiting) >= self.max_concurrency + self.max_queue:
                 raise QueueFull(f"{self.running} requests are running and "
                                 f"{len(self._waiting)} waiting")
+            if self.budget and self.reserved + need > self.budget.bytes:
+                raise QueueFull(f"the requests admitted hold {_mb(self.reserved)} of the "
+                                f"{_mb(self.budget.bytes)} cache budget; this one needs "
+                                f"{_mb(need)}")
+            job.reserved, self.reserved = need, self.reserved + need
             self._waiting.append(job)
             self._arrived.set()
             self._lock.notify()
@@ -127,14 +161,14 @@ class Scheduler:
                         running.append(self._start(job))
                     except Exception as e:  # noqa: BLE001 - its own error, never the thread's
                         job.events.put(e)
-                        job.events.put(_DONE)
+                        self._end(job)
                 self.running = len(running)
             try:
                 running = self._cycle(running)
             except Exception as e:  # noqa: BLE001 - a failing cycle ends its requests with
                 for run in running:  # their error, never hangs them (nor the next ones)
                     run.job.events.put(e)
-                    run.job.events.put(_DONE)
+                    self._end(run.job)
                 running = []
             self.running = len(running)
 
@@ -151,9 +185,9 @@ class Scheduler:
                 still.append(run)
             elif out.error is not None:
                 run.job.events.put(out.error)
-                run.job.events.put(_DONE)
+                self._end(run.job)
             elif handed:  # over without its TurnEnd (never, but never hang a client)
-                run.job.events.put(_DONE)
+                self._end(run.job)
         return still
 
     def _calibrate_while_idle(self) -> None:
@@ -183,9 +217,20 @@ class Scheduler:
             job.last_token = now
         if isinstance(event, TurnEnd):
             self.metrics.finished(event.stats)
-            job.events.put(_DONE)
+            self._end(job)
             return False
         return True
+
+    def _end(self, job: Job) -> None:
+        """The job's last event; its share of the memory budget is free again."""
+        with self._lock:
+            self.reserved -= job.reserved
+            job.reserved = 0
+        job.events.put(_DONE)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
 @dataclass
