@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .report import reproduce_line, write_json
 from .runners import BenchConfig, machine
-from .serve_clients import HOST, free_ports, launched, wait_ready
+from .serve_clients import HOST, Stream, free_ports, launched, stream_completion, wait_ready
+from .tables import reproduce_line, write_json
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,11 @@ class SoakConfig:
     max_tokens: int = 24
     max_concurrency: int = 4
     max_queue: int = 8  # 16 clients against 4 + 8 places: the queue fills, 429s are expected
+    kv_memory_gib: float = 0.25  # the cache budget: three "big" requests fill it (429s)
+    big_tokens: int = 30_000  # a "big" request's max_tokens (it hangs up after 3 events)
+    huge_tokens: int = 2_000_000  # more than the whole budget holds: a 400 at admission
+    levels: tuple[int, ...] = (1, 2, 4, 8, 16)  # the latency table's concurrent streams
+    level_seconds: float = 20.0
 
 
 GREEDY = ["def parse(self, elements):", "class Stack:", "import os\n\ndef walk(path):",
@@ -47,7 +52,7 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}]
 KINDS = ("chat", "chat-stream", "completion", "completion-stream", "messages",
-         "messages-stream", "tools", "seeded", "hang-up", "over-long")
+         "messages-stream", "tools", "seeded", "hang-up", "over-long", "big", "too-large")
 
 
 def bench_soak(cfg: BenchConfig, out: Path, log=print, soak: SoakConfig = SoakConfig()
@@ -57,9 +62,12 @@ def bench_soak(cfg: BenchConfig, out: Path, log=print, soak: SoakConfig = SoakCo
     url = f"http://{HOST}:{port}"
     logfile = Path(tempfile.mkdtemp(prefix="mlx-spec-soak-")) / "serve.log"
     cmd = [sys.executable, "-m", "mlx_spec.cli", "serve", "--host", HOST, "--port", str(port),
-           "--max-concurrency", str(soak.max_concurrency), "--max-queue", str(soak.max_queue)]
+           "--max-concurrency", str(soak.max_concurrency), "--max-queue", str(soak.max_queue),
+           "--kv-memory", str(soak.kv_memory_gib)]
     with launched(cmd, logfile) as proc:
         wait_ready(proc, url, 180, logfile)
+        latency = [level(url, n, soak) for n in soak.levels]
+        idle_before = scrape(url)
         rss: list[tuple[float, int]] = []
         mlx: list[tuple[float, float, float]] = []
         stop = threading.Event()
@@ -69,10 +77,17 @@ def bench_soak(cfg: BenchConfig, out: Path, log=print, soak: SoakConfig = SoakCo
         outcomes = load(url, soak, log)
         stop.set()
         sampler.join(5)
+        settle(url)
+        idle_after = scrape(url)
         alone = {p: ask(url, "chat", p, soak)[1] for p in GREEDY}  # each sent alone, after
         metrics = scrape(url)
         traceback = "Traceback" in logfile.read_text(errors="replace")
-    result = summarise(outcomes, alone, rss, metrics, soak, traceback)
+    result = summarise(outcomes, alone, rss, metrics, soak, traceback,
+                       idle_before.get("vllm:request_success_total", 0.0))
+    result["latency"] = latency
+    result["idle"] = {k: [idle_before.get(m, 0.0), idle_after.get(m, 0.0)] for k, m in (
+        ("mlx_active", "mlx_spec:mlx_active_memory_bytes"),
+        ("reserved", "mlx_spec:cache_reserved_bytes"))}
     t0 = rss[0][0] if rss else 0.0
     result["memory_mb"] = [  # every 10 s: (seconds, RSS) and every 5 s: MLX active, cached
         [round(t - t0), round(b / 2**20)] for t, b in rss[::10]]
@@ -165,11 +180,12 @@ def ask(url: str, kind: str, prompt: str, soak: SoakConfig, seed: int = 0
         if kind == "completion":
             r = oa.completions.create(model="x", max_tokens=n, prompt=prompt, temperature=0.0)
             return "200", r.choices[0].text, None
-        if kind in ("chat-stream", "hang-up"):
+        if kind in ("chat-stream", "hang-up", "big", "too-large"):
+            n = {"big": soak.big_tokens, "too-large": soak.huge_tokens}.get(kind, n)
             stream = oa.chat.completions.create(model="x", max_tokens=n, messages=messages,
                                                 temperature=0.0, stream=True)
             return _read(stream, lambda c: c.choices[0].delta.content if c.choices else "",
-                         hang_up=kind == "hang-up")
+                         hang_up=kind in ("hang-up", "big"))
         if kind == "completion-stream":
             stream = oa.completions.create(model="x", max_tokens=n, prompt=prompt,
                                            temperature=0.0, stream=True)
@@ -184,7 +200,7 @@ def ask(url: str, kind: str, prompt: str, soak: SoakConfig, seed: int = 0
                 parts.append(text)
             return "200", "".join(parts), first
     except (openai.APIStatusError, anthropic.APIStatusError) as e:
-        return str(e.status_code), "", None
+        return str(e.status_code), str(e), None  # the message: which limit refused it
     except Exception as e:  # noqa: BLE001 - what a client would see as a lost request
         return f"lost: {type(e).__name__}: {e}"[:200], "", None
 
@@ -200,6 +216,62 @@ def _read(stream, piece, *, hang_up: bool = False) -> tuple[str, str, float | No
     return "200", "".join(parts), first
 
 
+def level(url: str, n: int, soak: SoakConfig) -> dict[str, Any]:
+    """`n` clients streaming greedy completions back to back for `level_seconds`: TTFT (queue
+    included), the gaps between text chunks (ITL: a round's tokens come as one burst, so many
+    gaps are ~0), each stream's time per output token after its first, the tokens per second
+    all streams together made, and how many were answered 429 (they back off 0.5 s)."""
+    streams: list[Stream] = []
+    busy = [0]
+    lock = threading.Lock()
+    deadline = time.monotonic() + soak.level_seconds
+
+    def client(c: int) -> None:
+        while time.monotonic() < deadline:
+            try:
+                s = stream_completion(url, GREEDY[c % len(GREEDY)], soak.max_tokens, 300)
+            except RuntimeError as e:
+                if "HTTP 429" not in str(e):
+                    raise
+                with lock:
+                    busy[0] += 1
+                time.sleep(0.5)
+                continue
+            with lock:
+                streams.append(s)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(soak.level_seconds + 300)
+    wall = time.monotonic() - started
+    ttft = sorted(s.ttft_s for s in streams)
+    gaps = sorted(g for s in streams for g in s.gaps)
+    tpot = sorted((s.arrivals[-1] - s.arrivals[0]) / (s.tokens - 1) for s in streams
+                  if s.tokens > 1 and len(s.arrivals) > 1)
+    return {"clients": n, "streams": len(streams), "busy_429": busy[0],
+            "ttft_p50_s": pct(ttft, 0.5), "ttft_p99_s": pct(ttft, 0.99),
+            "itl_p50_s": pct(gaps, 0.5), "itl_p99_s": pct(gaps, 0.99),
+            "tpot_p50_s": pct(tpot, 0.5), "tpot_p99_s": pct(tpot, 0.99),
+            "tok_s": sum(s.tokens for s in streams) / wall}
+
+
+def settle(url: str, seconds: float = 60.0) -> None:
+    """Until nothing runs or waits (hung-up requests end at their next round), bounded."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        m = scrape(url)
+        if not m.get("vllm:num_requests_running") and not m.get("vllm:num_requests_waiting"):
+            return
+        time.sleep(0.2)
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+
 def scrape(url: str) -> dict[str, float]:
     import urllib.request
 
@@ -208,7 +280,8 @@ def scrape(url: str) -> dict[str, float]:
             for line in text.splitlines() if line and not line.startswith("#")}
 
 
-def summarise(outcomes, alone, rss, metrics, soak: SoakConfig, traceback: bool) -> dict:
+def summarise(outcomes, alone, rss, metrics, soak: SoakConfig, traceback: bool,
+              succeeded_before: float = 0.0) -> dict:
     statuses = Counter(o["status"] if not o["status"].startswith("lost") else "lost"
                        for o in outcomes)
     greedy = [o for o in outcomes if o["status"] == "200" and o["kind"] == "chat"]
@@ -218,10 +291,6 @@ def summarise(outcomes, alone, rss, metrics, soak: SoakConfig, traceback: bool) 
     first_q = statistics.mean(b for _, b in warm[:quarter]) if warm else 0.0
     last_q = statistics.mean(b for _, b in warm[-quarter:]) if warm else 0.0
     ttft = sorted(o["ttft_s"] for o in outcomes if o["ttft_s"] is not None)
-
-    def pct(xs, q):
-        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
-
     return {
         "sent": len(outcomes), "statuses": dict(statuses),
         "lost": [o["status"] for o in outcomes if o["status"].startswith("lost")][:20],
@@ -231,7 +300,9 @@ def summarise(outcomes, alone, rss, metrics, soak: SoakConfig, traceback: bool) 
         "rss_first_quarter_mb": first_q / 2**20, "rss_last_quarter_mb": last_q / 2**20,
         "rss_growth": (last_q / first_q - 1) if first_q else None,
         "ttft_p50_s": pct(ttft, 0.5), "ttft_p99_s": pct(ttft, 0.99),
-        "metrics_success": metrics.get("vllm:request_success_total"),
+        "metrics_success": metrics.get("vllm:request_success_total", 0.0) - succeeded_before,
+        "budget_429": sum(o["status"] == "429" and "cache budget" in o["text"]
+                          for o in outcomes),
         "clients_answered": statuses.get("200", 0) + statuses.get("hung up", 0),
         "server_traceback": traceback,
     }
@@ -245,9 +316,14 @@ def report(r: dict[str, Any]) -> list[str]:
         f"{r['soak']['seconds']:.0f} s against the demo pair's server (--max-concurrency "
         f"{r['soak']['max_concurrency']}, --max-queue {r['soak']['max_queue']}): chat and "
         "completions streamed and whole, messages streamed and whole, tool calls, seeded T = 1, "
-        "hang-ups after 3 events, over-long prompts.", "",
+        "hang-ups after 3 events, over-long prompts, \"big\" streams (max_tokens "
+        f"{r['soak']['big_tokens']}: three fill the --kv-memory {r['soak']['kv_memory_gib']} GiB "
+        "cache budget, then 429) that hang up after 3 events, and requests no budget holds "
+        f"(max_tokens {r['soak']['huge_tokens']}: 400).", "",
         f"- sent {r['sent']}; by status: " + ", ".join(f"{k}: {v}" for k, v in
                                                        sorted(r["statuses"].items())),
+        f"- of the 429s, {r.get('budget_429', 0)} for the cache budget (the rest: a full "
+        "queue)",
         f"- lost: {len(r['lost'])}" + (f" ({'; '.join(r['lost'][:3])})" if r["lost"] else ""),
         "- by kind: " + "; ".join(f"{k} {v}" for k, v in r["by_kind"].items()),
         f"- greedy chat answers equal to the same request alone: {r['greedy_equal_alone'][0]}"
@@ -262,8 +338,40 @@ def report(r: dict[str, Any]) -> list[str]:
             if r.get("mlx_mb") else "not sampled"),
         "- RSS every 10 s (s, MB): " + " ".join(f"{t}:{m}" for t, m in r.get("memory_mb", [])),
         f"- TTFT of streams p50 {r['ttft_p50_s'] or 0:.2f} s, p99 {r['ttft_p99_s'] or 0:.2f} s",
-        f"- /metrics request_success_total {r['metrics_success']:.0f}; the clients counted "
+        f"- /metrics request_success_total over the mixed load {r['metrics_success']:.0f}; the "
+        "clients counted "
         f"{r['clients_answered']} answered (hang-ups included: the server finished or "
         "cancelled them) plus the 'alone' checks",
         f"- a traceback in the server's log: {'yes' if r['server_traceback'] else 'no'}",
+        *idle_lines(r),
+        "- tool calls are refused 400 on the demo pair (its chat template has none); the "
+        "server's tool calling is tested with a tool-aware template in test_serve_tools.py",
+        "", "## Latency by concurrency (before the mixed load)", "",
+        f"Each row: that many clients streaming greedy completions ({r['soak']['max_tokens']} "
+        f"tokens) back to back for {r['soak']['level_seconds']:.0f} s; the server runs "
+        f"{r['soak']['max_concurrency']} at once and queues {r['soak']['max_queue']}. TTFT "
+        "includes the queue; ITL is the gap between text chunks (a round's accepted tokens "
+        "arrive together, so its median is ~0); TPOT is a stream's (last - first chunk) / "
+        "(tokens - 1).", "",
+        "| clients | streams | 429s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | TPOT p50 | "
+        "TPOT p99 | tok/s all |", "|---|---|---|---|---|---|---|---|---|---|",
+        *(f"| {x['clients']} | {x['streams']} | {x['busy_429']} | {_ms(x['ttft_p50_s'])} | "
+          f"{_ms(x['ttft_p99_s'])} | {_ms(x['itl_p50_s'])} | {_ms(x['itl_p99_s'])} | "
+          f"{_ms(x['tpot_p50_s'])} | {_ms(x['tpot_p99_s'])} | {x['tok_s']:.0f} |"
+          for x in r.get("latency", [])),
     ] + (["", r["note"]] if r.get("note") else [])
+
+
+def _ms(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e3:.0f} ms"
+
+
+def idle_lines(r: dict[str, Any]) -> list[str]:
+    """Caches freed: the server idle before the mixed load and after it (every request ended:
+    answered, refused, hung up or cancelled)."""
+    idle = r.get("idle")
+    if not idle:
+        return []
+    (a0, a1), (r0, r1) = idle["mlx_active"], idle["reserved"]
+    return [f"- idle before and after the mixed load: MLX active memory {a0 / 2**20:.1f} -> "
+            f"{a1 / 2**20:.1f} MB, cache budget reserved {r0:.0f} -> {r1:.0f} bytes"]
