@@ -26,8 +26,8 @@ from mlx_spec.sampling import Sampler, SamplingConfig
 from mlx_spec.train.corpus import prompts_from_corpus
 
 from .parity import abba, describe
-from .report import reproduce_line, write_json
 from .runners import BenchConfig, Runner, load_bench_models, machine, row_dicts
+from .tables import reproduce_line, write_json
 
 Log = Callable[[str], None]
 SETTINGS = ((1.0, 1.0), (0.7, 0.9))  # (temperature, top_p)

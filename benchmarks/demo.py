@@ -27,8 +27,8 @@ from mlx_spec.loading import find_mtp_head, load_target
 from mlx_spec.train.corpus import prompts_from_corpus
 
 from .parity import abba, describe
-from .report import POOLED, reproduce_line, write_json
 from .runners import BenchConfig, Row, Runner, machine, row_dicts, verify_costs
+from .tables import POOLED, reproduce_line, write_json
 
 Log = Callable[[str], None]
 
@@ -121,7 +121,7 @@ def write_demo(result: dict[str, Any], out: Path) -> None:
             f"| {v['target']} | {pairs(v['lookup_vs_target'])} | {pairs(v['auto_vs_target'])}"
             f" | {base['tok_s']:.0f} | {lookup['tok_s']:.0f} | "
             f"{lookup['tokens_per_pass'] or 1:.2f} | "
-            f"k={best['num_draft']}: {best['tok_s']:.0f} (×{best['speedup_vs_target']:.2f}) | "
+            f"k={best['draft_length']}: {best['tok_s']:.0f} (×{best['speedup_vs_target']:.2f}) | "
             + " / ".join(f"{x:.2f}" for x in v["verify_ms"]) + " |")
     lines += ["", "| row | tok/s | × target-only | tokens/pass | per-position | draft ms / "
               "verify ms per pass |", "|---|---|---|---|---|---|"]

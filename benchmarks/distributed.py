@@ -67,7 +67,7 @@ class DistConfig:
     pairs: int = 2  # mirrored pairs of every side at each delay
     one_pairs: int = 2  # mirrored pairs on one machine
     max_tokens: int = 48
-    num_draft: int = 4  # the fixed k beside auto
+    draft_length: int = 4  # the fixed k beside auto
     probe: int = 40  # tiny all_sums timed at each delay
     pingpong: int = 200  # relay round trips timed at each delay
     timeout_s: float = 600.0  # one request to the ranks
@@ -158,7 +158,7 @@ def bench_distributed(cfg: BenchConfig, out: Path, log: Log = print,
     with ExitStack() as stack:
         stack.enter_context(exit_on_sigterm())
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlx-spec-dist-")))
-        cases = build_cases(cfg, dist.num_draft, tmp, log, dist.hybrid_layers)
+        cases = build_cases(cfg, dist.draft_length, tmp, log, dist.hybrid_layers)
         tok = load_target(cases[0].model, lazy=True)[1]
         prompts = prompts_from_corpus(tok, max(dist.pairs, dist.one_pairs))
         results = {c.key: measure_case(c, prompts, dist, tmp, log) for c in cases}

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .report import cell, machine_line, write_json
 from .serve_report import pairs_text
+from .tables import cell, machine_line, write_json
 
 PLAIN, MLX_LM = "plain", "mlx-lm"
 TOLERANCE = 0.15  # a delay the relay adds within 15% (or 10 µs) of the asked one is "precise"
@@ -60,7 +60,7 @@ def header(result: dict[str, Any]) -> list[str]:
         "runs the product's worker loop. Targets: the bench's widened f32 targets "
         f"({cfg['hidden']}×{cfg['layers']}), saved to disk and loaded by each rank in part. "
         "Sides: **(a)** ours plain (no drafter), **(b)** ours with each drafter at `auto` "
-        f"and at k = {d['num_draft']}, **(c)** mlx-lm's own sharded model driven by "
+        f"and at k = {d['draft_length']}, **(c)** mlx-lm's own sharded model driven by "
         "`mlx_lm.generate.generate_step` on both ranks (SPMD, greedy: what a user of mlx-lm "
         "can run, as `mlx_lm.generate` has no distributed path).", "",
         f"Link: one-way delays of {delays} ms. 0 is loopback, the ranks connected directly; "

@@ -114,7 +114,7 @@ def hybrid_rows(cfg: BenchConfig, run: Runner, log: Callable[[str], None]
     """The row group and the rollback comparison (measured here, never asserted)."""
     small, wide, mtp = build_hybrid(cfg.hidden, cfg.layers, cfg.ffn, cfg.hybrid_noise)
     n_params = parameter_count(wide.model)
-    k = cfg.num_draft
+    k = cfg.draft_length
     log(f"-- hybrid: random Qwen3.5-layout target widened to {n_params / 1e6:.0f}M params f32")
     costs = as_run(verify_costs(wide, max(8, k), repeats=7))
     group = measure_rows(run, small, wide, mtp, k)
@@ -128,7 +128,7 @@ def hybrid_rows(cfg: BenchConfig, run: Runner, log: Callable[[str], None]
     log(f"hybrid target-only ÷ mlx-lm generate_step, median of ABBA pairs: {describe(parity)}")
     auto = auto_parity(run, wide, lambda: mtp, k, TARGET, 0.0, 1.0, cfg.parity_pairs)
     log(f"hybrid mtp auto ÷ k={k}, median of ABBA pairs: {describe(auto)}")
-    info = {"params": n_params, "parity": parity, "auto_parity": auto, "num_draft": k,
+    info = {"params": n_params, "parity": parity, "auto_parity": auto, "draft_length": k,
             "noise": cfg.hybrid_noise, "rollback": rollback,
             "verify_cost_ratio": [c / costs[0] for c in costs], "costs": costs}
     return group, info

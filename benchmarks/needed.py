@@ -44,13 +44,13 @@ def needed_section(rows: list[dict[str, Any]], drafter: str = "mtp") -> list[str
              if r["name"].startswith("target-only T=")}
     fixed = sorted((r for r in rows if r["name"].startswith(f"ours {drafter} k=")
                     and r["engine"] == "mlx-spec" and r["top_p"] == 1.0 and r["tokens_per_pass"]),
-                   key=lambda r: (r["temperature"], r["num_draft"]))
+                   key=lambda r: (r["temperature"], r["draft_length"]))
     lines = []
     for r in fixed:
         base = plain.get(r["name"].split()[-1])
         if base is None:
             continue
-        k, ratio = int(r["num_draft"]), round_ratio(r, base)
+        k, ratio = int(r["draft_length"]), round_ratio(r, base)
         need = [equal_acceptance(s * ratio, k) for s in GOALS]
         own = equal_acceptance(r["tokens_per_pass"], k)
         lines.append(f"| {r['name']} | {ratio:.2f} | "

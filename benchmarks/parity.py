@@ -61,8 +61,8 @@ def auto_parity(run: Runner, target: TargetModel, drafter: Callable[[], Drafter]
     """auto ÷ fixed k with the drafter `drafter()` gives, on the run's prompts in order (auto's
     policy carries over from one to the next, as in a conversation); each side is a fresh
     engine, as a row is."""
-    def rate(num_draft: int | str, seed: int) -> float:
-        return run.ours(target, drafter(), num_draft, "parity", "", target_name, temperature,
+    def rate(draft_length: int | str, seed: int) -> float:
+        return run.ours(target, drafter(), draft_length, "parity", "", target_name, temperature,
                         top_p, seed=seed).tok_s
 
     return seeded_parity(lambda s: rate("auto", s), lambda s: rate(k, s), temperature, pairs)
@@ -72,8 +72,8 @@ def speedup_parity(run: Runner, target: TargetModel, drafter: Callable[[], Draft
                    target_name: str, temperature: float, top_p: float, pairs: int) -> dict:
     """auto with the drafter `drafter()` gives ÷ target-only, on the run's prompts in order:
     the speedup a row reports, in pairs (a row's target-only baseline is one run of its own)."""
-    def rate(source: Drafter | None, num_draft: int | str, seed: int) -> float:
-        return run.ours(target, source, num_draft, "parity", "", target_name, temperature,
+    def rate(source: Drafter | None, draft_length: int | str, seed: int) -> float:
+        return run.ours(target, source, draft_length, "parity", "", target_name, temperature,
                         top_p, seed=seed).tok_s
 
     return seeded_parity(lambda s: rate(drafter(), "auto", s), lambda s: rate(None, 1, s),

@@ -244,7 +244,7 @@ def side_by_side_rows(cfg: BenchConfig, run: Runner, log: Callable[[str], None]
     EAGLE-3 head and a DFlash drafter (k = 15: blocks of 16, and at the MTP head's k), and the
     Gemma 4 pair."""
     pairs = vlm.requested_pairs()
-    k = cfg.num_draft
+    k = cfg.draft_length
     info: dict[str, Any] = {"mlx_vlm": vlm.vlm_version(), "pairs": pairs, "groups": {}}
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="mlx-spec-vlm-") as tmp:

@@ -23,9 +23,9 @@ from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.loading import load_target
 
 from .parity import Log, compare, ratio, real_weights
-from .report import POOLED, ratios_table, reproduce_line, rows_table, write_json
 from .runners import BenchConfig, Row, Runner, fresh_store, machine, row_dicts
 from .smollm2 import smollm2
+from .tables import POOLED, ratios_table, reproduce_line, rows_table, write_json
 
 PROMPTS = ["Write a Python function that merges two sorted lists into one sorted list.",
            "Explain the difference between a process and a thread, briefly.",

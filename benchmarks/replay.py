@@ -121,7 +121,7 @@ class RoundCosts:
         return self.plain if k == 0 else self.overhead + k * self.draft + self.verify[k]
 
 
-def replay(tables: list[list[Position]], costs: RoundCosts, num_draft: int | str, *,
+def replay(tables: list[list[Position]], costs: RoundCosts, draft_length: int | str, *,
            noise: float = 0.05, seed: int = 0, prior: Sequence[float] | None = None,
            texts: list[list[int]] | None = None, **policy_options) -> list[float]:
     """Tokens per simulated second on each table in turn (one conversation: an `auto` policy
@@ -133,13 +133,13 @@ def replay(tables: list[list[Position]], costs: RoundCosts, num_draft: int | str
     committed so far, as a greedy turn's does (Schedule.in_phase)."""
     rng = random.Random(seed)
     policy = None
-    if num_draft == "auto" and prior is not None:
+    if draft_length == "auto" and prior is not None:
         policy = AdaptiveDraftLength(prior, plain_cost=prior[0], measured=False,
                                      **policy_options)
-    elif num_draft == "auto":
+    elif draft_length == "auto":
         policy = AdaptiveDraftLength(costs.verify, plain_cost=costs.plain, **policy_options)
     committed: list[int] = []
-    schedule = Schedule(policy, 0 if num_draft == "auto" else int(num_draft), drafting=True,
+    schedule = Schedule(policy, 0 if draft_length == "auto" else int(draft_length), drafting=True,
                         text=(lambda: committed) if texts is not None else None)
     return [_turn(runs, costs, schedule, rng, noise, texts[i] if texts else None, committed)
             for i, runs in enumerate(tables)]

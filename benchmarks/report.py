@@ -4,16 +4,12 @@ group, BENCH-first-turn.md / .json for the first-turn group)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from .first_turn_report import first_turn_section
 from .needed import needed_section
-
-
-def cell(value: float | None, spec: str, prefix: str = "") -> str:
-    """A table cell: `value` formatted with `spec` after `prefix`, "–" where it is None."""
-    return "–" if value is None else f"{prefix}{value:{spec}}"
+from .tables import AS_RUN, POOLED, blas, cell, machine_line, row_table, write_json
 
 
 def write_outputs(result: dict[str, Any], out: Path) -> None:
@@ -38,13 +34,6 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     lines += notes(result["target"].get("verify_cost_ms", []))
     (out / "BENCH.md").write_text("\n".join(lines))
     plot(result, out / "bench.png")
-
-
-AS_RUN = ("as the engine runs the passes (each at the size it pads to, where a longer pass "
-          "was measured cheaper; made non-decreasing)")
-POOLED = ("tok/s: a row's tokens after each prompt's first ÷ its time after it, pooled over "
-          "the prompts (not the mean of their rates, which weighs a fast prompt's seconds "
-          "more).")
 
 
 def header(result: dict[str, Any]) -> list[str]:
@@ -144,54 +133,6 @@ def write_published(result: dict[str, Any], prompts: int, max_tokens: int, out: 
     (out / "BENCH-drafters.md").write_text("\n".join(lines))
 
 
-def write_json(result: dict[str, Any], path: Path) -> None:
-    """`result` as indented JSON at `path` (its folder made where missing)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
-
-
-def reproduce_line(group: str, result: dict[str, Any]) -> str:
-    """`Reproduce: …`: the command, how long this run took, the machine and the commit."""
-    m = result["machine"]
-    return (f"Reproduce: `uv run python -m benchmarks --group {group}` (this run: "
-            f"{result['minutes']:.0f} min). {machine_line(m)}"
-            + (f"; code at {m['commit']}" if m.get("commit") else "") + ".")
-
-
-def machine_line(m: dict[str, Any]) -> str:
-    """`Machine: …`: platform, cores, MLX and its device, whether OpenBLAS was preloaded."""
-    return (f"Machine: {m['platform']}, {m['cpu_count']} cores, MLX {m['mlx']} on "
-            f"{m['device']}, {blas(m)}")
-
-
-def blas(m: dict[str, Any]) -> str:
-    """Whether OpenBLAS was preloaded, and the kernels the environment named for it."""
-    return (f"OpenBLAS preloaded: {m['openblas_preloaded']}"
-            + (f" ({m['openblas_coretype']} kernels)" if m.get("openblas_coretype") else ""))
-
-
-def row_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = [
-        "| row | engine | tok/s | speedup | vs mlx-lm | tokens/pass | acceptance | "
-        "per-position | draft/verify share | commit ms/pass | TTFT ms | ITL p50/p90 ms | "
-        "peak MB | efficiency |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        pos = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]) or "–"
-        share = (f"{r['draft_share']:.0%}/{r['verify_share']:.0%}"
-                 if r["draft_share"] is not None else "–")
-        lines.append(
-            f"| {r['name']} | {r['engine']} | {r['tok_s']:.1f} | ×{r['speedup_vs_target']:.2f} | "
-            f"{cell(r['speedup_vs_mlx_lm'], '.2f', '×')} | {cell(r['tokens_per_pass'], '.2f')} | "
-            f"{cell(r['acceptance_rate'], '.0%')} | {pos} | {share} | "
-            f"{cell(r['commit_ms_per_pass'], '.2f')} | "
-            f"{cell(r['ttft_s'] and r['ttft_s'] * 1000, '.0f')} | "
-            f"{cell(r['itl_p50_ms'], '.0f')}/{cell(r['itl_p90_ms'], '.0f')} | "
-            f"{r['peak_memory_mb']:.0f} | {cell(r['efficiency'], '.2f')} |")
-    return lines
-
-
 def hybrid_section(h: dict[str, Any]) -> list[str]:
     lines = [
         "", "## Hybrid target: rolling back recurrent state", "",
@@ -206,7 +147,7 @@ def hybrid_section(h: dict[str, Any]) -> list[str]:
         f"Target-only on this model ÷ mlx-lm `generate_step` on the same model, median of "
         f"{len(h['parity']['pairs'])} ABBA pairs: **{h['parity']['median']:.3f}** (pairs: "
         + ", ".join(f"{r:.3f}" for r in h["parity"]["pairs"]) + ")"
-        + (f"; mtp auto ÷ mtp k={h['num_draft']} on the same prompts: "
+        + (f"; mtp auto ÷ mtp k={h['draft_length']} on the same prompts: "
            f"**{h['auto_parity']['median']:.3f}** (pairs: "
            + ", ".join(f"{r:.3f}" for r in h["auto_parity"]["pairs"]) + ")"
            if h.get("auto_parity") else "")
@@ -349,10 +290,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for drafter in ("mtp", "draft"):
-        pts = sorted((r["num_draft"], r["speedup_vs_target"]) for r in result["rows"]
+        pts = sorted((r["draft_length"], r["speedup_vs_target"]) for r in result["rows"]
                      if r["drafter"] == drafter and r["engine"] == "mlx-spec"
                      and r["temperature"] == 0 and r["target"] == "f32"
-                     and isinstance(r["num_draft"], int))
+                     and isinstance(r["draft_length"], int))
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", label=f"ours {drafter}")
     ax.axhline(1.0, color="grey", lw=0.8)
@@ -362,111 +303,3 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def write_first_turn(result: dict[str, Any], out: Path) -> None:
-    """bench-first-turn.json and BENCH-first-turn.md from a `--group first-turn` run."""
-    write_json(result, out / "bench-first-turn.json")
-    m = result["machine"]
-    lines = ["# Benchmark: the first turn", "",
-             "Reproduce: `uv run python -m benchmarks --group first-turn` (this run: "
-             f"{result['minutes']:.0f} min). {machine_line(m)}"
-             + (f"; code at {m['commit']}" if m.get("commit") else "") + "."]
-    (out / "BENCH-first-turn.md").write_text("\n".join(lines + first_turn_section(
-        result["first_turn"]) + [""]))
-
-
-def first_turn_section(f: dict[str, Any]) -> list[str]:
-    """The first-turn group: how it is measured, a table of its ratios, their pairs, and what
-    one calibration costs on each target."""
-    k, targets = f["num_draft"], f["targets"]
-    lines = [
-        "", "## First turn: `auto` before anything is calibrated", "",
-        f"Each run is the first turn of a new conversation: {f['max_tokens']} tokens after the "
-        "first held-out prompt (T > 0: pair i draws with seed 1000·i, its sides alike), timed "
-        "as the caller sees it (TTFT: from the "
-        "call to the first token, i.e. prefill and the first round), after a 4-token warm-up in "
-        "another conversation of the same engine, so no first-call compilation is timed and the "
-        "timed turn's policy is new. Three sides, each with the target's MTP head: **prior**, "
-        "`auto` on a fresh engine over an empty calibration store (its costs: the store's "
-        "prior, refined from the turn's own rounds); "
-        f"**k={k}**, a fixed k on a fresh engine; **known**, `auto` on an engine calibrated "
-        "before the turn (not timed). Ratios: the median of "
-        f"{f['pairs']} mirrored pairs (prior, k={k}, known, known, k={k}, prior), each "
-        "(a₁ + a₂) / (b₁ + b₂) of TTFT or of tok/s; per side, the median of its runs.", "",
-        f"| target | T | TTFT prior ÷ k={k} | tok/s prior ÷ known | TTFT ms prior / k={k} / "
-        f"known | tok/s prior / k={k} / known | drafts per pass prior / k={k} / known |",
-        "|---|---|---|---|---|---|---|"]
-    for name, t in targets.items():
-        for temp, p in t["temperatures"].items():
-            s = [p["sides"][side] for side in ("prior", "fixed", "known")]
-            lines.append(
-                f"| {first_turn_label(name, t)} | {temp} | "
-                f"**{p['ttft_prior_vs_fixed']['median']:.3f}** | "
-                f"**{p['tok_s_prior_vs_known']['median']:.3f}** | "
-                + " / ".join(f"{x['ttft_ms']:.0f}" for x in s) + " | "
-                + " / ".join(f"{x['tok_s']:.1f}" for x in s) + " | "
-                + " / ".join(f"{x['drafted_per_pass']:.2f}" for x in s) + " |")
-    lines += ["", "Pairs:", ""]
-    for name, t in targets.items():
-        for temp, p in t["temperatures"].items():
-            lines.append(f"- {first_turn_label(name, t)} {temp}: " + "; ".join(
-                f"{what} **{p[key]['median']:.3f}** (pairs: "
-                + ", ".join(f"{r:.3f}" for r in p[key]["pairs"]) + ")"
-                for key, what in (("ttft_prior_vs_fixed", f"TTFT prior ÷ k={k}"),
-                                  ("ttft_prior_vs_known", "TTFT prior ÷ known"),
-                                  ("tok_s_prior_vs_known", "tok/s prior ÷ known"),
-                                  ("tok_s_prior_vs_fixed", f"tok/s prior ÷ k={k}"))))
-    lines += ["", "What used to stand before the first token: `engine.calibrate()` (verify "
-              "costs for q = 1..9 tokens and plain decoding), timed once per target on a fresh "
-              "engine: " + ", ".join(f"{first_turn_label(name, t)} **{t['calibration_s']:.1f} s**"
-                                     for name, t in targets.items())
-              + ". Before costs were kept, the first `auto` turn ran it inside the turn, so its "
-              "TTFT was about that plus the `known` TTFT above."]
-    return lines
-
-
-def first_turn_label(name: str, t: dict[str, Any]) -> str:
-    """`wide 114M` / `hybrid 133M`: the first-turn group's name for a target."""
-    return f"{'hybrid' if 'hybrid' in name else 'wide'} {t['params'] / 1e6:.0f}M"
-
-
-def ratios_table(ratios: dict[str, dict[str, dict]]) -> list[str]:
-    """A markdown table of ABBA ratios: a row per comparison, a column per setting (T = 0,
-    T = 1 …), each cell the median in bold and the pairs after it ("–" where not run)."""
-    lines = ["| comparison | " + " | ".join(ratios) + " |", "|---|" + "---|" * len(ratios)]
-    names = list(dict.fromkeys(n for r in ratios.values() for n in r))
-    for name in names:
-        cells = [f"**{r[name]['median']:.3f}** (" + ", ".join(f"{x:.2f}" for x in
-                                                           r[name]["pairs"]) + ")"
-                 if name in r else "–" for r in ratios.values()]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def rows_table(rows: list[dict[str, Any]]) -> list[str]:
-    """Rows with tok/s, × target-only, tokens per pass and per-position acceptance."""
-    lines = ["| row | tok/s | × target-only | tokens/pass | per-position acceptance |",
-             "|---|---|---|---|---|"]
-    for r in rows:
-        pos = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]) or "–"
-        tpp = f"{r['tokens_per_pass']:.2f}" if r["tokens_per_pass"] else "–"
-        speedup = f"×{r['speedup_vs_target']:.2f}" if r["speedup_vs_target"] else "–"  # none run
-        lines.append(f"| {r['name']} | {r['tok_s']:.2f} | {speedup} | {tpp} | {pos} |")
-    return lines
-
-
-def mirrored(config: dict[str, Any]) -> str:
-    """How an ABBA group's sides were run (its config as saved)."""
-    return (f"every side run {2 * config['parity_pairs']}× in mirrored order; tok/s is the mean "
-            "of a side's runs, ratios the median of ABBA pairs. " + POOLED)
-
-
-def write_group(out: Path, group: str, title: str, intro: str, result: dict[str, Any]
-                ) -> None:
-    """bench-GROUP.json and BENCH-GROUP.md: the title, how to reproduce, `intro`, the ratios
-    of result[group] and the rows."""
-    write_json(result, out / f"bench-{group}.json")
-    lines = [f"# Benchmark: {title}", "", reproduce_line(group, result), "", intro, "",
-             *ratios_table(result[group]["ratios"]), "", *rows_table(result["rows"])]
-    (out / f"BENCH-{group}.md").write_text("\n".join(lines + [""]))

@@ -47,7 +47,7 @@ class BenchConfig:
     ffn: int = 2816
     prompts: int = 3
     max_tokens: int = 96
-    num_draft: int = 4
+    draft_length: int = 4
     sweep: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
     temperatures: tuple[tuple[float, float], ...] = ((0.0, 1.0), (1.0, 1.0), (0.7, 0.9))
     quantized_rows: bool = True
@@ -72,7 +72,7 @@ class Row:
     target: str
     temperature: float
     top_p: float
-    num_draft: int | str
+    draft_length: int | str
     tok_s: float = 0.0
     speedup_vs_target: float = 0.0
     speedup_vs_mlx_lm: float | None = None  # ÷ mlx-lm generate_step at the same temperature
@@ -170,11 +170,11 @@ def fresh_store() -> CalibrationStore:
 
 
 def new_engine(target: TargetModel, tokenizer: Any, drafter: Drafter | None,
-               num_draft: DraftLength, store: CalibrationStore | None = None) -> Engine:
-    """A fresh engine over `target`, `drafter` proposing `num_draft` tokens a round, on an
+               draft_length: DraftLength, store: CalibrationStore | None = None) -> Engine:
+    """A fresh engine over `target`, `drafter` proposing `draft_length` tokens a round, on an
     empty calibration store: nothing calibrated, no policy, nothing carried from another
     (store: one the run shares between its rows instead, so a big target is calibrated once)."""
-    return Engine(target, tokenizer, drafter, draft_length=num_draft,
+    return Engine(target, tokenizer, drafter, draft_length=draft_length,
                   store=store or fresh_store())
 
 
@@ -302,17 +302,17 @@ class Runner:
     max_tokens: int
     store: CalibrationStore | None = None  # shared by the run's rows (default: one a row)
 
-    def ours(self, target: TargetModel, drafter: Drafter | None, num_draft: int | str,
+    def ours(self, target: TargetModel, drafter: Drafter | None, draft_length: int | str,
              name: str, drafter_name: str, target_name: str, temperature: float,
              top_p: float = 1.0, prompts: list[list[int]] | None = None,
              seed: int = 0, coupling: str = "leviathan", trace: bool = False) -> Row:
         """A row of a fresh, warmed-up engine, on `prompts` (default: the run's), prompt i
         sampled with seed `seed` + i (coupling: how its drafts are accepted at T > 0; trace:
         every turn traced round by round)."""
-        engine = new_engine(target, self.tokenizer, drafter, num_draft, self.store)
+        engine = new_engine(target, self.tokenizer, drafter, draft_length, self.store)
         conv = engine.conversation()
         warm_up(engine, conv, self.prompts[0])
-        row = Row(name, drafter_name, "mlx-spec", target_name, temperature, top_p, num_draft)
+        row = Row(name, drafter_name, "mlx-spec", target_name, temperature, top_p, draft_length)
         return run_ours(conv, prompts or self.prompts, self.max_tokens,
                         SamplingConfig(temperature=temperature, top_p=top_p,
                                        coupling=coupling), row, seed=seed, trace=trace)
@@ -334,12 +334,12 @@ class Runner:
 
 
 def measure_acceptance(target: TargetModel, tokenizer: Any, drafter: Drafter | None,
-                       num_draft: int, prompts: list[list[int]], max_tokens: int,
+                       draft_length: int, prompts: list[list[int]], max_tokens: int,
                        temperature: float) -> dict[str, float]:
     """Tokens per target pass and acceptance of a fresh engine (engine/acceptance.py, as the
     trainer measures), up to `max_tokens` (or its end of turn) after each prompt, prompt i
     drawn with seed i."""
-    t = engine_acceptance(new_engine(target, tokenizer, drafter, num_draft), prompts,
+    t = engine_acceptance(new_engine(target, tokenizer, drafter, draft_length), prompts,
                           max_tokens=max_tokens, temperature=temperature)
     return {"tokens_per_pass": t.tokens_per_pass, "acceptance": t.acceptance_rate}
 

@@ -28,6 +28,7 @@ from mlx_spec.train.corpus import long_prompt, prompts_from_corpus
 from .coupling import bench_coupling
 from .demo import bench_demo
 from .distributed import bench_distributed
+from .first_turn_report import write_first_turn
 from .hybrid import TARGET as HYBRID_TARGET
 from .hybrid import build_hybrid, hybrid_rows
 from .parity import (
@@ -39,7 +40,7 @@ from .parity import (
     target_only_parity,
 )
 from .published import published_rows
-from .report import cell, write_first_turn, write_outputs, write_published
+from .report import write_outputs, write_published
 from .runners import (
     QUICK,
     BenchConfig,
@@ -58,6 +59,7 @@ from .runners import (
 )
 from .serve import bench_serve
 from .soak import bench_soak
+from .tables import cell
 from .vocab import vocabulary_cost
 from .widen import parameter_count, quantized
 
@@ -74,7 +76,7 @@ def bench(cfg: BenchConfig, out: Path, log: Log = print) -> dict[str, Any]:
         f"({cfg.hidden}x{cfg.layers}, ffn {cfg.ffn})")
     run = Runner(models.tokenizer, prompts_from_corpus(models.tokenizer, cfg.prompts),
                  cfg.max_tokens)
-    raw = verify_costs(models.wide, max(LONGEST_TIMED_PASS - 1, cfg.num_draft))
+    raw = verify_costs(models.wide, max(LONGEST_TIMED_PASS - 1, cfg.draft_length))
     costs = as_run(raw)
     log(f"verify cost, q=1..{len(raw)} tokens (×1 token), as run: "
         + " ".join(f"{c / costs[0]:.2f}" for c in costs)
@@ -143,7 +145,7 @@ def compare_at(cfg: BenchConfig, run: Runner, models: BenchModels, temp: float, 
     single rows cannot settle."""
     tag = f"T={temp:g}" + (f" top-p {top_p:g}" if top_p < 1 else "")
     log(f"-- {tag}")
-    wide, k = models.wide, cfg.num_draft
+    wide, k = models.wide, cfg.draft_length
     group = [run.ours(wide, None, 1, f"target-only {tag}", "none", "f32", temp, top_p)]
     parity = {}
     if top_p == 1.0:
@@ -239,12 +241,12 @@ def compare_auto(run: Runner, models: BenchModels, group: list[Row], temp: float
     makers = {"mtp": models.mtp_on, "mtp+lookup": models.lookup_on,
               "draft (twin)": lambda: DraftModelDrafter(models.small, models.wide)}
     parity = {}
-    for auto in [r for r in group if r.num_draft == "auto" and r.drafter in makers]:
+    for auto in [r for r in group if r.draft_length == "auto" and r.drafter in makers]:
         fixed = [r for r in group if r.drafter == auto.drafter
-                 and r.engine == "mlx-spec" and isinstance(r.num_draft, int)]
+                 and r.engine == "mlx-spec" and isinstance(r.draft_length, int)]
         best = max(fixed, key=lambda r: r.tok_s)
         parity[f"{auto.name} ÷ {best.name}"] = auto_parity(
-            run, models.wide, makers[auto.drafter], best.num_draft, "f32", temp, top_p, pairs)
+            run, models.wide, makers[auto.drafter], best.draft_length, "f32", temp, top_p, pairs)
     return parity
 
 
@@ -253,7 +255,7 @@ def compare_quantized(cfg: BenchConfig, run: Runner, models: BenchModels, log: L
     """A 4-bit copy of the wide target (compute-bound on this CPU): target-only, MTP k, auto."""
     log("-- 4-bit target (compute-bound on this CPU)")
     q4 = quantized(models.wide, models.wide_config, bits=4)
-    k = cfg.num_draft
+    k = cfg.draft_length
     group = [run.ours(q4, None, 1, "4-bit target-only T=0", "none", "4bit", 0.0),
              run.ours(q4, models.mtp_on(q4), k, f"4-bit ours mtp k={k} T=0", "mtp", "4bit", 0.0),
              run.ours(q4, models.mtp_on(q4), "auto", "4-bit ours mtp auto T=0", "mtp", "4bit",
@@ -285,7 +287,7 @@ def compare_long_prompt(cfg: BenchConfig, run: Runner, models: BenchModels, leng
     """Target-only, MTP k and MTP auto after one `length`-token prompt, greedy."""
     log(f"-- a {length}-token prompt")
     on = [long_prompt(run.tokenizer, length)]
-    wide, k, name = models.wide, cfg.num_draft, f"{length}-token prompt"
+    wide, k, name = models.wide, cfg.draft_length, f"{length}-token prompt"
     group = [run.ours(wide, None, 1, f"{name} target-only T=0", "none", "f32", 0.0, prompts=on),
              run.ours(wide, models.mtp_on(), k, f"{name} ours mtp k={k} T=0", "mtp", "f32", 0.0,
                       prompts=on),
@@ -328,10 +330,10 @@ def auto_vs_best_fixed(rows: list[Row]) -> list[dict[str, Any]]:
         return r.name.split("-token prompt")[0] if "-token prompt" in r.name else ""
 
     out = []
-    for auto in (r for r in rows if r.num_draft == "auto" and r.engine == "mlx-spec"):
+    for auto in (r for r in rows if r.draft_length == "auto" and r.engine == "mlx-spec"):
         fixed = [r for r in rows if r.engine == "mlx-spec" and r.drafter == auto.drafter
                  and r.target == auto.target and r.temperature == auto.temperature
-                 and r.top_p == auto.top_p and isinstance(r.num_draft, int)
+                 and r.top_p == auto.top_p and isinstance(r.draft_length, int)
                  and prompts(r) == prompts(auto)]
         if fixed:
             best = max(fixed, key=lambda r: r.tok_s)
@@ -365,7 +367,7 @@ def compare_first_turn(cfg: BenchConfig, run: Runner, models: BenchModels, log: 
     mirrored pairs; and the seconds one calibration takes on each target."""
     _, hybrid, hybrid_mtp = build_hybrid(cfg.hidden, cfg.layers, cfg.ffn, cfg.hybrid_noise)
     targets = {"f32": (models.wide, models.mtp_on()), HYBRID_TARGET: (hybrid, hybrid_mtp)}
-    info: dict[str, Any] = {"pairs": cfg.parity_pairs, "num_draft": cfg.num_draft,
+    info: dict[str, Any] = {"pairs": cfg.parity_pairs, "draft_length": cfg.draft_length,
                             "max_tokens": cfg.max_tokens, "targets": {}}
     for name, (target, mtp) in targets.items():
         known = new_engine(target, run.tokenizer, mtp, "auto")
@@ -373,9 +375,10 @@ def compare_first_turn(cfg: BenchConfig, run: Runner, models: BenchModels, log: 
         log(f"-- first turn on {name}: one calibration takes {seconds:.1f} s")
         ratios = {}
         for temp in cfg.first_turn_temperatures:
-            p = first_turn_parity(run, target, mtp, cfg.num_draft, known, temp,
+            p = first_turn_parity(run, target, mtp, cfg.draft_length, known, temp,
                                   cfg.parity_pairs)
-            log(f"T={temp:g}: TTFT prior ÷ k={cfg.num_draft} {describe(p['ttft_prior_vs_fixed'])}"
+            log(f"T={temp:g}: TTFT prior ÷ k={cfg.draft_length} "
+                f"{describe(p['ttft_prior_vs_fixed'])}"
                 f"; tok/s prior ÷ known {describe(p['tok_s_prior_vs_known'])}")
             ratios[f"T={temp:g}"] = p
         info["targets"][name] = {"params": parameter_count(target.model),

@@ -131,7 +131,7 @@ def start_sides(stack: ExitStack, models: BenchModels, cfg: BenchConfig, serve: 
     """Our three engines (the `auto` ones calibrated first, as a warm server is) behind a
     Server each, then the mlx-lm servers on the same weights saved to `tmp`; all closed or
     killed when `stack` unwinds."""
-    wide, tok, k = models.wide, models.tokenizer, cfg.num_draft
+    wide, tok, k = models.wide, models.tokenizer, cfg.draft_length
     # the f32 draft model is a lazy cast made on this thread: evaluated here, since an array
     # pending on this thread's stream cannot be evaluated on a server's engine thread
     mx.eval(models.draft.model.parameters(), wide.model.parameters())

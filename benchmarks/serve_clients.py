@@ -170,13 +170,13 @@ def healthy(url: str) -> bool:
         conn.close()
 
 
-def mlx_lm_command(model: Path, draft: Path | None, num_draft: int, port: int) -> list[str]:
+def mlx_lm_command(model: Path, draft: Path | None, draft_length: int, port: int) -> list[str]:
     """`python -m mlx_lm.server` on 127.0.0.1:port (a draft model: `--draft-model`, k drafts
     a round), with no prompt cache: ours keeps none across requests either."""
     cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--host", HOST,
            "--port", str(port), "--prompt-cache-size", "0", "--log-level", "WARNING"]
     if draft is not None:
-        cmd += ["--draft-model", str(draft), "--num-draft-tokens", str(num_draft)]
+        cmd += ["--draft-model", str(draft), "--num-draft-tokens", str(draft_length)]
     return cmd
 
 

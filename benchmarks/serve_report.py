@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .report import cell, machine_line, write_json
+from .tables import cell, machine_line, write_json
 
 LABELS = {"spec": "(a)", "plain": "(b)", "draft": "", "mlx_lm": "(c)", "mlx_lm_draft": "(c)",
           "no_lookup": "(a)"}
@@ -46,7 +46,7 @@ def serve_header(result: dict[str, Any]) -> list[str]:
         f"params, f32, {cfg['hidden']}×{cfg['layers']}), as in [BENCH.md](BENCH.md). Sides, "
         "each an HTTP server on 127.0.0.1: **(a)** "
         f"`{names['spec']}` (serve's default: its MTP head behind prompt lookup, a copy of the "
-        "stream's own earlier text where its last 3 tokens appeared before, `--num-draft "
+        "stream's own earlier text where its last 3 tokens appeared before, `--draft-length "
         f"auto`), **(b)** `{names['plain']}` "
         "(no drafter; plain steps of all streams batched in one pass), "
         f"`{names['draft']}` (the demo draft model, {result['draft_params'] / 1e6:.1f}M "
@@ -54,7 +54,7 @@ def serve_header(result: dict[str, Any]) -> list[str]:
         + (f", **(a)** with `--no-lookup` `{names['no_lookup']}` (the MTP head alone)"
            if "no_lookup" in names else "")
         + (f", and **(c)** `mlx_lm.server` on the same weights saved to disk, without and "
-           f"with that draft model (`--draft-model`, `--num-draft-tokens {cfg['num_draft']}`; "
+           f"with that draft model (`--draft-model`, `--num-draft-tokens {cfg['draft_length']}`; "
            "with a draft it serves one request at a time), `--prompt-cache-size 0` (ours keeps "
            "no cache across requests either)" if "mlx_lm" in names else
            "; the mlx-lm sides were not run")

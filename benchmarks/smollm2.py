@@ -21,8 +21,8 @@ from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.loading import load_target, make_drafter
 
 from .parity import Log, compare, ratio, real_weights
-from .report import mirrored, write_group
 from .runners import BenchConfig, Row, Runner, fresh_store, machine, row_dicts
+from .tables import mirrored, write_group
 
 PROMPTS = ["What should I consider when adopting a dog?",
            "Explain how a rainbow forms.",

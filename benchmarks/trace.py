@@ -19,9 +19,9 @@ from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.loading import find_mtp_head, load_target, make_drafter
 
 from .parity import Log, compare, ratio, real_weights
-from .report import mirrored, write_group
 from .runners import BenchConfig, Row, Runner, fresh_store, machine, row_dicts
 from .smollm2 import prompts
+from .tables import mirrored, write_group
 
 K = 4  # what a traced round reads grows with k: (k + 1) rows of p, k of q
 TRACE = BenchConfig(prompts=4, max_tokens=64, temperatures=((0.0, 1.0), (1.0, 1.0)),

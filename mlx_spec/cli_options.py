@@ -50,11 +50,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", help="draft model (same tokenizer as the target)")
     p.add_argument("--mtp", help="MTP head: a directory or hub repo (default: the model's own, "
                                   "or one found beside it)")
-    p.add_argument("--num-draft", "-k", default=None,
+    p.add_argument("--draft-length", "-k", "--num-draft", default=None,
                    help=f"tokens drafted per round: an integer 1..{MAX_DRAFT}, or 'auto' "
                         "(chosen each round from measured costs and acceptance). Default: the "
                         "drafter's own length where its files give one (a Gemma 4 "
-                        "assistant's), else auto")
+                        "assistant's), else auto. --num-draft is its former name")
     add_lookup_option(p)
 
 
@@ -72,7 +72,7 @@ def add_launch_options(p: argparse.ArgumentParser, model_help: str) -> None:
     p.add_argument("--drafter", choices=["auto", *DRAFTERS], default="auto")
     p.add_argument("--draft-model")
     p.add_argument("--mtp")
-    p.add_argument("--num-draft", "-k", default=None)
+    p.add_argument("--draft-length", "-k", "--num-draft", default=None)
     add_lookup_option(p)
     add_split_options(p)
 
@@ -100,12 +100,12 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 def spec_from_args(args: argparse.Namespace) -> LoadSpec:
     """The load spec the options name (validated here, once: one line for a bad value)."""
     try:
-        num_draft = parse_draft_length(getattr(args, "num_draft", None))
+        draft_length = parse_draft_length(getattr(args, "draft_length", None))
     except MlxSpecError as e:
-        raise MlxSpecError(f"--num-draft: {e}") from None
+        raise MlxSpecError(f"--draft-length: {e}") from None
     return LoadSpec(model=getattr(args, "model", None), drafter=getattr(args, "drafter", "auto"),
                     draft_model=getattr(args, "draft_model", None), mtp=getattr(args, "mtp", None),
-                    num_draft=num_draft, kv_bits=getattr(args, "kv_bits", None),
+                    draft_length=draft_length, kv_bits=getattr(args, "kv_bits", None),
                     hostfile=getattr(args, "hostfile", None), split=getattr(args, "split", None),
                     lookup=getattr(args, "lookup", False))
 

@@ -153,7 +153,7 @@ def find_mtp_head(model_path: str | Path | None, target: TargetModel | None = No
 def load_engine(spec: LoadSpec | None = None):
     """A ready Engine for `spec` (default: the bundled demo pair, its drafter, auto).
 
-    spec.num_draft None: the drafter's own length where its files declare one (a Gemma 4
+    spec.draft_length None: the drafter's own length where its files declare one (a Gemma 4
     assistant's `num_assistant_tokens`), else "auto". spec.drafter "auto": an MTP head beside
     the model, else the draft model, else none."""
     from .assets import DEMO_DRAFT, demo_model, demo_variant, shipped_head
@@ -185,11 +185,11 @@ def load_engine(spec: LoadSpec | None = None):
                      lookup=spec.lookup)
     if target.ranks > 1:
         check_split_drafter(d)
-    num_draft = spec.num_draft
-    if num_draft is None:  # the drafter's own length where its files give one, else auto
+    draft_length = spec.draft_length
+    if draft_length is None:  # the drafter's own length where its files give one, else auto
         own = d.default_k if d is not None else None
-        num_draft = min(own, MAX_DRAFT) if own else "auto"
-    return Engine(target, tokenizer, d, draft_length=num_draft, kv_bits=spec.kv_bits)
+        draft_length = min(own, MAX_DRAFT) if own else "auto"
+    return Engine(target, tokenizer, d, draft_length=draft_length, kv_bits=spec.kv_bits)
 
 
 def load_split_or_whole(model: str | Path, spec: LoadSpec, *, dtype: str | None = None

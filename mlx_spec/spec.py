@@ -65,7 +65,7 @@ class LoadSpec:
     drafter: a kind of kinds.DRAFTERS, or "auto" (an MTP head beside the model, else
         draft_model, else none).
     draft_model / mtp: a draft model (or assistant, EAGLE-3 head, MTP sidecar) / an MTP head.
-    num_draft: tokens drafted per round (1..MAX_DRAFT), "auto", or None (the drafter's own).
+    draft_length: tokens drafted per round (1..MAX_DRAFT), "auto", or None (the drafter's own).
     kv_bits: quantize the target's KV cache to 4 or 8 bits (None: not).
     hostfile: split the target over the machines of this mlx hostfile (distributed/), by
         `split` ("pipeline" or "tensor"; None: pipeline where mlx-lm has it, else tensor).
@@ -76,7 +76,7 @@ class LoadSpec:
     drafter: str = "auto"
     draft_model: str | None = None
     mtp: str | None = None
-    num_draft: DraftLength | None = None
+    draft_length: DraftLength | None = None
     kv_bits: int | None = None
     hostfile: str | None = None
     split: str | None = None
@@ -90,7 +90,7 @@ class LoadSpec:
         if self.drafter != "auto" and self.drafter not in DRAFTERS:
             raise MlxSpecError(f"unknown drafter {self.drafter!r} (one of auto, "
                                f"{', '.join(DRAFTERS)})")
-        check_draft_length(self.num_draft)
+        check_draft_length(self.draft_length)
         if self.kv_bits is not None and self.kv_bits not in KV_BITS:
             raise MlxSpecError(f"kv bits must be 4 or 8, got {self.kv_bits!r}")
         if self.split is not None and self.split not in SPLITS:

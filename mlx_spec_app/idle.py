@@ -1,4 +1,4 @@
-"""Work for an idle engine: measure the target's costs (what `--num-draft auto` reads) when they
+"""Work for an idle engine: measure the target's costs (what `--draft-length auto` reads) when they
 are not saved for this model on this device yet, and time the target-only baseline the speedups
 are quoted against once per engine (it joins the measurements saved by earlier sessions: one
 measurement can be far off, their median holds). The engine saves both.

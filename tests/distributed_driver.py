@@ -55,7 +55,7 @@ def counted(target, tally: dict) -> None:
 def main() -> None:
     job = json.loads(sys.argv[1])
     engine = load_engine(LoadSpec(model=job["model"], drafter=job.get("drafter", "none"),
-                                  draft_model=job.get("draft_model"), num_draft=job.get("k"),
+                                  draft_model=job.get("draft_model"), draft_length=job.get("k"),
                                   hostfile=job["hostfile"], split=job.get("split")))
     target = engine.target
     out = {"ranks": target.ranks, "split": target.split_label, "turns": []}

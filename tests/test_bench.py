@@ -9,13 +9,13 @@ import pytest
 from benchmarks import BenchConfig, bench, parity
 from benchmarks.__main__ import parse_args as parse_bench_args
 from benchmarks.demo import bench_demo
+from benchmarks.first_turn_report import write_first_turn
 from benchmarks.needed import equal_acceptance, needed_section
 from benchmarks.parity import first_turn_parity, mirrored
-from benchmarks.report import write_first_turn
 from benchmarks.runners import FirstTurn, Timing, pooled_tok_s
 from benchmarks.scenario import GROUPS, bench_first_turn
 
-TINY = BenchConfig(hidden=256, layers=5, ffn=640, prompts=1, max_tokens=10, num_draft=2,
+TINY = BenchConfig(hidden=256, layers=5, ffn=640, prompts=1, max_tokens=10, draft_length=2,
                    sweep=(1,), temperatures=((0.0, 1.0), (1.0, 1.0)), quantized_rows=True,
                    long_context=(200,), parity_pairs=1, first_turn_temperatures=(0.0,))
 
@@ -30,7 +30,7 @@ def test_bench_runs_and_greedy_rows_agree(tmp_path):
             "ours draft k=2 T=0", "ours mtp k=2 T=0", "ours ngram k=2 T=0",
             "ours mtp auto T=0", "4-bit ours mtp auto T=0"} <= names
     for r in saved["rows"]:
-        assert {"name", "drafter", "engine", "temperature", "num_draft", "tok_s",
+        assert {"name", "drafter", "engine", "temperature", "draft_length", "tok_s",
                 "speedup_vs_target", "tokens_per_pass", "acceptance_rate"} <= set(r)
         assert r["tok_s"] > 0
     assert "| row |" in (tmp_path / "BENCH.md").read_text()
@@ -109,9 +109,9 @@ def test_what_acceptance_pays_is_solved_from_a_rows_round_cost():
     # target-only 10 tok/s; k = 2 rounds emitting 2 tokens at 10 tok/s take 0.2 s, two target
     # tokens. Breaking even needs 1 + α + α² = 2: α = 0.618 (the golden ratio's inverse);
     # ×1.5 needs 3 tokens, all drafts right (α = 1); ×2 needs 4, more than a round can emit
-    row = dict(name="ours mtp k=2 T=0", engine="mlx-spec", num_draft=2, temperature=0.0,
+    row = dict(name="ours mtp k=2 T=0", engine="mlx-spec", draft_length=2, temperature=0.0,
                top_p=1.0, tok_s=10.0, tokens_per_pass=2.0)
-    plain = dict(name="target-only T=0", engine="mlx-spec", num_draft=1, temperature=0.0,
+    plain = dict(name="target-only T=0", engine="mlx-spec", draft_length=1, temperature=0.0,
                  top_p=1.0, tok_s=10.0, tokens_per_pass=1.0)
     assert abs(equal_acceptance(2.0, 2) - (5 ** 0.5 - 1) / 2) < 1e-9
     assert equal_acceptance(4.0, 2) is None and equal_acceptance(1.0, 3) == 0.0
@@ -134,7 +134,7 @@ def test_serve_group_streams_our_sides_and_reports_the_goals(tmp_path):
 
     assert parse_bench_args(["--group", "serve"]).group == "serve"
     assert GROUPS["serve"] is bench_serve
-    tiny = BenchConfig(hidden=256, layers=5, ffn=640, num_draft=2)
+    tiny = BenchConfig(hidden=256, layers=5, ffn=640, draft_length=2)
     serve = ServeConfig(concurrency=(1, 2), max_tokens=6, pairs=1, overhead_pairs=1,
                         warmup_tokens=2, timeout_s=60, mlx_lm=False)  # mlx-lm: the next test
     result = bench_serve(tiny, tmp_path, log=lambda s: None, serve=serve)
@@ -244,9 +244,9 @@ def test_sampled_auto_parity_draws_new_seeds_each_pair():
         def __init__(self):
             self.calls = []
 
-        def ours(self, target, drafter, num_draft, *args, seed=0):
-            self.calls.append((num_draft, seed))
-            return SimpleNamespace(tok_s=2.0 if num_draft == "auto" else 1.0)
+        def ours(self, target, drafter, draft_length, *args, seed=0):
+            self.calls.append((draft_length, seed))
+            return SimpleNamespace(tok_s=2.0 if draft_length == "auto" else 1.0)
 
     run = Runner()
     out = auto_parity(run, None, lambda: None, 4, "t", 1.0, 1.0, 3)

@@ -95,7 +95,7 @@ def test_the_report_from_made_up_numbers(tmp_path):
     case["greedy"] = greedy_check(one, levels)
     assert case["greedy"] == {"runs": 3 + 4 * 3, "differ": []}
     dist = {"delays_ms": [0.0, 0.05, 1.0], "pairs": 1, "one_pairs": 1, "max_tokens": 8,
-            "num_draft": 4}
+            "draft_length": 4}
 
     class D:  # goals() reads the delays only
         delays_ms = (0.0, 0.05, 1.0)

@@ -19,7 +19,7 @@ from benchmarks.runners import Row, load_demo_tokenizer
 from mlx_spec.loading import load_target, make_drafter
 from mlx_spec.train.corpus import prompts_from_corpus
 
-TINY = BenchConfig(hidden=256, layers=5, ffn=640, num_draft=2)
+TINY = BenchConfig(hidden=256, layers=5, ffn=640, draft_length=2)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_the_written_hybrid_drafters_load_and_decode_as_the_target_alone(hybrid,
                                       "hybrid: ours eagle3 k=2", "hybrid: ours dflash k=15"]
     assert all(r.tokens == rows[0].tokens for r in rows)
     block = rows[-1]
-    assert block.num_draft == 15 and len(block.per_position_acceptance) > 8  # (the budget)
+    assert block.draft_length == 15 and len(block.per_position_acceptance) > 8  # (the budget)
     # the constructed drafters' first draft is the target's undamped next token: a drafter
     # that loaded wrong (a shifted tap, the mask token's row, a missed norm) drafts ~never right
     assert min(r.per_position_acceptance[0] for r in rows[1:]) > 0.3

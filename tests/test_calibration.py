@@ -149,7 +149,7 @@ def test_a_corrupt_calibration_is_ignored_in_one_line_and_rewritten(home, model_
 
 def test_the_baseline_is_saved_too_and_calibration_stops_when_asked(home, model_copy):
     service = EngineInThread.load(LoadSpec(model=str(model_copy), drafter="ngram",
-                                           num_draft="auto"))
+                                           draft_length="auto"))
     assert service.info.baseline is None
     stop = threading.Event()
     stop.set()  # a user's turn arrived: idle work gives way at once, saving nothing

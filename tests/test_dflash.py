@@ -184,7 +184,7 @@ def test_block_speculation_samples_the_target_distribution(pair):
 
 def test_draft_model_dir_is_recognised(pair_dir):
     target_dir, drafter_dir = pair_dir("random")
-    engine = open_chat(model=target_dir, draft_model=drafter_dir, num_draft=7)
+    engine = open_chat(model=target_dir, draft_model=drafter_dir, draft_length=7)
     assert engine.drafter.name == "draft-dflash"
 
 

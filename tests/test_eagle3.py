@@ -214,7 +214,7 @@ def test_draft_model_dir_is_recognised_and_sets_the_draft_length(pair_dir):
     engine = open_chat(model=target_dir, draft_model=head_dir)
     assert engine.drafter.name == "draft-eagle3"
     assert (engine.draft_length, engine.adaptive) == (3, False)  # speculative_tokens
-    assert open_chat(model=target_dir, draft_model=head_dir, num_draft="auto").adaptive
+    assert open_chat(model=target_dir, draft_model=head_dir, draft_length="auto").adaptive
 
 
 def test_wrong_width_missing_tensor_and_bad_taps_are_one_line(tmp_path, pair, pair_dir):

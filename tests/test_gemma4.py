@@ -246,8 +246,8 @@ def test_draft_model_dir_is_recognised_and_sets_the_draft_length(pair_dir, capsy
     engine = open_chat(model=target_dir, draft_model=assistant_dir)
     assert engine.drafter.name == "draft-assistant"
     assert (engine.draft_length, engine.adaptive) == (3, False)
-    assert open_chat(model=target_dir, draft_model=assistant_dir, num_draft="auto").adaptive
-    assert open_chat(model=target_dir, draft_model=assistant_dir, num_draft=5).draft_length == 5
+    assert open_chat(model=target_dir, draft_model=assistant_dir, draft_length="auto").adaptive
+    assert open_chat(model=target_dir, draft_model=assistant_dir, draft_length=5).draft_length == 5
     assert main(["generate", "--model", str(target_dir), "--draft-model", str(assistant_dir),
                  "--prompt", "def", "--max-tokens", "8"]) == 0
     assert "assistant" in capsys.readouterr().err

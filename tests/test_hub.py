@@ -150,7 +150,7 @@ def test_fresh_pull_then_generate_on_the_downloaded_pair(server, capsys):
     assert (launch.target / "config.json").exists() and launch.target.is_relative_to(
         fetch_mod.cache_root())
     spec = open_chat(model=launch.target, drafter="draft", draft_model=launch.draft_model,
-                       num_draft=3)
+                       draft_length=3)
     plain = open_chat(model=launch.target, drafter="none")
     assert [e.token for e in run(spec)[1]] == [e.token for e in run(plain)[1]]
     assert hub.missing("tiny-pair") is None
@@ -318,7 +318,7 @@ def test_mtp_head_range_read_from_the_original_checkpoint(server):
     assert served(server, ORIGINAL) < head_bytes + 3 * fetch_mod_probe() + 64 * 1024
     source = json.loads((launch.mtp / heads.SOURCE).read_text())
     assert source["bytes_read"] == served(server, ORIGINAL) - served_small(server)
-    spec = open_chat(model=launch.target, drafter="mtp", mtp=launch.mtp, num_draft=4)
+    spec = open_chat(model=launch.target, drafter="mtp", mtp=launch.mtp, draft_length=4)
     plain = open_chat(model=launch.target, drafter="none")
     end, events = run(spec)
     assert end.stats.acceptance_rate > 0.9  # loaded right: norms shifted, halves in order
@@ -342,7 +342,7 @@ def served_small(srv: HubServer) -> int:
 def test_sidecar_preset_and_a_drafter_kind_not_loadable_yet(server):
     launch = hub.pull("tiny-mtp")
     assert launch.drafter == "mtp" and launch.mtp is not None
-    engine = open_chat(model=launch.target, drafter=launch.drafter, mtp=launch.mtp, num_draft=4)
+    engine = open_chat(model=launch.target, drafter=launch.drafter, mtp=launch.mtp, draft_length=4)
     assert run(engine)[0].stats.acceptance_rate > 0.9
     other = hub.pull("tiny-eagle")  # a kind the engine has no loader for
     assert other.drafter == "none" and "cannot be loaded yet" in other.warnings[0]
@@ -367,7 +367,7 @@ async def test_chat_preset_downloads_in_the_app_then_answers(server, tmp_path, m
     from mlx_spec_app.widgets import Answer, PromptInput
 
     monkeypatch.setenv("MLX_SPEC_ENGINE", "thread")
-    app = SpecChatApp(LoadSpec(num_draft=3), pull="tiny-pair",
+    app = SpecChatApp(LoadSpec(draft_length=3), pull="tiny-pair",
                       history=History(tmp_path / "h.sqlite3"))
     async with app.run_test(size=(80, 24)) as pilot:
         saw_screen = False
@@ -397,7 +397,7 @@ def test_chat_opens_a_cached_preset_on_local_paths_and_pulls_a_missing_one(serve
                         lambda spec, **kw: calls.append((spec, kw)) or 0)
     assert main(["chat", "tiny-pair", "-k", "3"]) == 0
     # nothing cached: the app's download screen, the user's options kept for after it
-    assert calls[-1] == (LoadSpec(num_draft=3, lookup=True), dict(pull="tiny-pair"))
+    assert calls[-1] == (LoadSpec(draft_length=3, lookup=True), dict(pull="tiny-pair"))
     launch = hub.pull("tiny-pair")
     before = len(server.requests)
     assert main(["chat", "tiny-pair"]) == 0
@@ -419,7 +419,7 @@ def test_a_head_read_out_of_the_original_is_quantized_when_asked(server, capsys)
     assert config["model_type"] == "qwen3_5_mtp" and config["quantization"]["bits"] == 4
     assert any(k.endswith(".scales") for k in mx.load(str(launch.mtp / "model.safetensors")))
     assert (heads.head_dir(ORIGINAL) / "model.safetensors").exists()  # as published, kept
-    spec = open_chat(model=launch.target, drafter="mtp", mtp=launch.mtp, num_draft=4)
+    spec = open_chat(model=launch.target, drafter="mtp", mtp=launch.mtp, draft_length=4)
     plain = open_chat(model=launch.target, drafter="none")
     end, events = run(spec)
     assert end.stats.acceptance_rate > 0.9

@@ -187,7 +187,8 @@ def test_hybrid_mtp_samples_the_target_distribution(loaded, checkpoints, arch):
 
 @pytest.mark.parametrize("arch", [*PUBLISHED, "deepseek_v3"])  # DeepSeek: 61 tiny layers
 def test_known_answer_head_is_accepted(checkpoints, arch):
-    engine = open_chat(model=checkpoints(arch, "agree"), num_draft=4)  # drafter auto: its own head
+    # drafter auto: its own head
+    engine = open_chat(model=checkpoints(arch, "agree"), draft_length=4)
     assert engine.drafter is not None and engine.drafter.cfg.kind == "nextn"
     end, _ = run(engine)
     assert end.stats.acceptance_rate > 0.9
@@ -308,7 +309,7 @@ def test_sidecar_head_beside_an_mlx_conversion(mlx_conversion, checkpoints, tmp_
                          bits=bits if isinstance(bits, int) else None,
                          dtype=mx.bfloat16 if bits == "bf16" else None)
     assert find_mtp_head(model_dir, target) == side
-    engine = open_chat(model=model_dir, num_draft=4)  # auto finds the sidecar
+    engine = open_chat(model=model_dir, draft_length=4)  # auto finds the sidecar
     assert engine.drafter.cfg.kind == "nextn"
     end, _ = run(engine)
     assert end.stats.acceptance_rate > 0.9  # known answer, through the sidecar (and 4-bit)

@@ -113,7 +113,7 @@ def test_a_copy_of_a_loop_is_accepted_whole(which):
     by max_tokens). The MTP head alone does not get there (it fails deep in the loop)."""
     from mlx_spec.train.corpus import prompts_from_corpus
 
-    conv = open_chat(drafter="mtp", num_draft=8, lookup=True)
+    conv = open_chat(drafter="mtp", draft_length=8, lookup=True)
     assert conv.drafter.name == "mtp+lookup"
     prompt = prompts_from_corpus(conv.tokenizer, 3)[which]
     rounds = checked(conv)
@@ -125,7 +125,7 @@ def test_a_copy_of_a_loop_is_accepted_whole(which):
     starts = [len(prompt) + sum(rounds[:i]) for i in range(len(rounds))]
     copied = [n for at, n in zip(starts, rounds, strict=True) if at >= due][:-1]
     assert len(copied) >= 3 and all(n == 9 for n in copied), (period, due, starts, rounds)
-    alone = open_chat(drafter="mtp", num_draft=8)
+    alone = open_chat(drafter="mtp", draft_length=8)
     plain = list(alone.generate(prompt, max_tokens=96))[-1]
     assert list(plain.tokens) == list(end.tokens)
     assert end.stats.tokens_per_pass > plain.stats.tokens_per_pass

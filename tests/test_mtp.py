@@ -59,7 +59,7 @@ def test_trained_mtp_sampling_matches_target_distribution():
     """The bundled demo pair's trained head: its drafts are accepted about half the time at
     these settings, so both the acceptance and the residual paths are exercised."""
 
-    engine = open_chat(drafter="mtp", num_draft=2)
+    engine = open_chat(drafter="mtp", draft_length=2)
     prompt = engine.tokenizer.encode("import os\n\n\ndef read_config(path):\n    ")
     tally = []
     pairs = sample_pairs(engine, CFG, tally, prompt)
@@ -133,8 +133,8 @@ def test_shared_kv_head_reads_a_quantized_cache_in_place(monkeypatch):
 
     q8 = str(demo_model("demo-target-q8"))  # a CPU opens the f32 demo variant by default
     prompt = open_chat(model=q8, drafter="none").tokenizer.encode("def read_config(path):\n    ")
-    plain = open_chat(model=q8, drafter="mtp", num_draft=4)
-    quantized = open_chat(model=q8, drafter="mtp", num_draft=4, kv_bits=8)
+    plain = open_chat(model=q8, drafter="mtp", draft_length=4)
+    quantized = open_chat(model=q8, drafter="mtp", draft_length=4, kv_bits=8)
     baseline, _ = run(open_chat(model=q8, drafter="none", kv_bits=8), prompt, max_tokens=48)
     want, _ = run(plain, prompt, max_tokens=48)
     calls = []  # K/V are [B, heads, L, D]: 4-d (the 8-bit embedding dequantizes 3-d rows)

@@ -79,7 +79,7 @@ def test_unmasked_padded_rows_would_always_be_proposed(pair):
                          ids=["draft-padded", "target-padded"])
 def test_padded_vocabulary_draft_is_lossless_and_accepted(pair, k, target_dir, draft_dir):
     engine = open_chat(model=pair[target_dir], drafter="draft", draft_model=pair[draft_dir],
-                         num_draft=k)
+                         draft_length=k)
     plain = open_chat(model=pair[target_dir], drafter="none")
     rounds = checked(engine)  # every cache equals a recompute after every round
     end, events = run(engine, max_tokens=40)

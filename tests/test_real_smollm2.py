@@ -112,7 +112,7 @@ def test_every_drafter_is_greedy_identical_to_target_only(smollm2, target_only, 
                                                           drafter, k):
     draft_model = smollm2 if drafter == "draft" else None  # the model drafting for itself
     engine = untrained_head(target_only) if drafter == "mtp" else load_engine(
-        LoadSpec(model=smollm2, drafter=drafter, draft_model=draft_model, num_draft=k))
+        LoadSpec(model=smollm2, drafter=drafter, draft_model=draft_model, draft_length=k))
     accepted = drafted = 0
     for ids, want in reference:
         got, stats = greedy(engine, ids)
@@ -174,7 +174,7 @@ async def test_a_gguf_in_lm_studio_is_first_in_the_apps_list_and_opens(smollm2, 
     folder = tmp_path / ".lmstudio" / "models" / "HuggingFaceTB" / "SmolLM2"
     folder.mkdir(parents=True)
     (folder / Path(smollm2).name).symlink_to(smollm2)
-    app = SpecChatApp(LoadSpec(drafter="ngram", num_draft=3))
+    app = SpecChatApp(LoadSpec(drafter="ngram", draft_length=3))
     async with app.run_test(size=(100, 30)) as pilot:
         while not isinstance(app.screen, WelcomeScreen):
             await pilot.pause(0.05)
@@ -241,7 +241,7 @@ def test_the_head_shipped_for_it_is_found_drafts_and_changes_nothing(smollm2, ta
 
     where = shipped_head(target_only.target)
     assert where is not None and (where / "shipped.json").exists()
-    engine = load_engine(LoadSpec(model=smollm2, num_draft=4))
+    engine = load_engine(LoadSpec(model=smollm2, draft_length=4))
     assert engine.drafter.name == "draft-eagle3"
     floats = [v for _, v in tree_flatten(engine.drafter.head.parameters())
               if mx.issubdtype(v.dtype, mx.floating)]

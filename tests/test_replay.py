@@ -35,9 +35,9 @@ SAMPLED_COSTS = RoundCosts(
     verify=tuple((t - 2.2 * k) / 1e3 for k, t in enumerate(SAMPLED_ROUND_MS)))
 
 
-def rate(num_draft, tables=BENCH_TABLES, costs=BENCH_COSTS, seeds=range(8), **options) -> float:
+def rate(draft_length, tables=BENCH_TABLES, costs=BENCH_COSTS, seeds=range(8), **options) -> float:
     """Mean over seeds of the mean per-prompt rate (the bench's row rate)."""
-    return statistics.mean(statistics.mean(replay(tables, costs, num_draft, seed=s, **options))
+    return statistics.mean(statistics.mean(replay(tables, costs, draft_length, seed=s, **options))
                            for s in seeds)
 
 
@@ -63,7 +63,7 @@ def test_a_recorded_table_predicts_the_engines_own_rounds():
     """The premise: at T = 0 the rounds' acceptance is a function of the committed text. A
     fixed-k turn on the real engine takes exactly the passes the table says."""
 
-    engine = open_chat(drafter="mtp", num_draft=3)
+    engine = open_chat(drafter="mtp", draft_length=3)
     prompt = engine.tokenizer.encode("import os\n\n\ndef read_config(path):\n    ")
     runs = record(engine, prompt, 24)
     t = passes = 0
@@ -91,7 +91,7 @@ def test_sampled_odds_predict_the_engines_acceptance():
     k = 1 rounds the engine's rejection rule accepts on the same prompt (different draws, so
     within sampling error: ~0.05 each at these counts; a q or p read off the wrong row, or the
     wrong drafts, lands far off)."""
-    engine = open_chat(drafter="mtp", num_draft=1)
+    engine = open_chat(drafter="mtp", draft_length=1)
     prompt = engine.tokenizer.encode("import os\n\n\ndef read_config(path):\n    ")
     recorded, drafted, accepted = [], 0, 0
     for seed in range(3):

@@ -32,7 +32,7 @@ CHAT = [{"role": "user", "content": "def add(a, b):"}]
 
 @pytest.fixture(scope="module")
 def process():
-    service = EngineProcess.start(LoadSpec(num_draft=3))
+    service = EngineProcess.start(LoadSpec(draft_length=3))
     yield service
     service.close()
 
@@ -44,7 +44,7 @@ def turn(service, **kw) -> tuple[list[TokenEvent], TurnEnd]:
 
 
 def test_process_gives_the_engines_tokens_and_kinds(process):
-    engine = open_chat(num_draft=3)
+    engine = open_chat(draft_length=3)
     ref = [e for e in engine.generate(encode_chat(engine.tokenizer, CHAT), max_tokens=40)]
     tokens, end = turn(process, max_tokens=40)
     assert list(end.tokens) == list(ref[-1].tokens)  # same weights, same loop: exact
@@ -62,7 +62,7 @@ def test_a_traced_turn_crosses_the_pipe(process):
 
 
 def test_in_thread_and_process_agree_and_switch_drafters(process):
-    local = EngineInThread.load(LoadSpec(num_draft=3))
+    local = EngineInThread.load(LoadSpec(draft_length=3))
     _, a = turn(local, max_tokens=30)
     _, b = turn(process, max_tokens=30)
     assert a.tokens == b.tokens
@@ -84,14 +84,14 @@ def test_info_says_when_copies_are_drafted_first_and_the_app_labels_it():
     the app's panel and status line name it `mtp+lookup`, as the turn's line does."""
     from mlx_spec_app.engine_host import EngineHost
 
-    service = EngineInThread.load(LoadSpec(num_draft="auto", lookup=True))
+    service = EngineInThread.load(LoadSpec(draft_length="auto", lookup=True))
     host = EngineHost.__new__(EngineHost)  # label() reads only the running engine's info
     host.engine = service
     assert service.info.drafter == "mtp" and service.info.lookup
     assert host.label() == "mtp+lookup k=auto"
     assert not service.configure(drafter="none").lookup and host.label() == "no drafter"
     assert service.configure(drafter="mtp").lookup
-    assert not EngineInThread.load(LoadSpec(num_draft=3)).info.lookup
+    assert not EngineInThread.load(LoadSpec(draft_length=3)).info.lookup
 
 
 def test_stop_mid_turn_and_errors_are_one_line(process):
@@ -138,7 +138,7 @@ def test_load_failure_and_a_dying_child_are_one_line_errors(tmp_path):
     with pytest.raises(ModelLoadError) as e:
         EngineProcess.start(LoadSpec(model=str(tmp_path / "missing")))
     assert "not found" in str(e.value) and "\n" not in str(e.value)
-    service = EngineProcess.start(LoadSpec(num_draft=2))
+    service = EngineProcess.start(LoadSpec(draft_length=2))
     child = service._process
     child.kill()
     with pytest.raises(MlxSpecError, match="ended unexpectedly .killed by SIGKILL"):
@@ -149,7 +149,7 @@ def test_load_failure_and_a_dying_child_are_one_line_errors(tmp_path):
 
 
 def test_close_ends_the_child():
-    service = EngineProcess.start(LoadSpec(num_draft=2))
+    service = EngineProcess.start(LoadSpec(draft_length=2))
     child = service._process
     t = time.perf_counter()
     service.close()

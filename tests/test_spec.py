@@ -24,23 +24,23 @@ def test_draft_lengths_refused_in_one_line(text):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("bad", [dict(drafter="eagle"), dict(num_draft=0), dict(num_draft="4"),
-                                 dict(kv_bits=3)])
+@pytest.mark.parametrize("bad", [dict(drafter="eagle"), dict(draft_length=0),
+                                 dict(draft_length="4"), dict(kv_bits=3)])
 def test_a_bad_spec_cannot_be_made(bad):
     with pytest.raises(MlxSpecError):
         LoadSpec(**bad)
 
 
 def test_paths_travel_as_text_and_the_spec_pickles():
-    spec = LoadSpec(model=Path("/m"), draft_model=Path("/d"), num_draft="auto")
+    spec = LoadSpec(model=Path("/m"), draft_model=Path("/d"), draft_length="auto")
     assert spec.model == "/m" and spec.draft_model == "/d"
     assert pickle.loads(pickle.dumps(spec)) == spec  # the process boundary
 
 
 def test_a_pulled_pair_fills_only_what_the_user_left_unset():
     launch = Launch(name="p", target=Path("/t"), drafter="draft", draft_model=Path("/d"))
-    assert launch.spec(LoadSpec(num_draft=3)) == LoadSpec(model="/t", drafter="draft",
-                                                          draft_model="/d", num_draft=3)
+    assert launch.spec(LoadSpec(draft_length=3)) == LoadSpec(model="/t", drafter="draft",
+                                                          draft_model="/d", draft_length=3)
     # a drafter the user chose is kept (the app used to overwrite it after a download)
     for chosen in (LoadSpec(drafter="ngram"), LoadSpec(mtp="/h"), LoadSpec(draft_model="/x")):
         got = launch.spec(chosen)

@@ -118,7 +118,7 @@ def test_train_drafter_eagle3_cli_writes_a_speculators_dir(trained, tmp_path, ca
     assert [p["step"] for p in curve] == [0, 3] and len(curve[-1]["acceptance_k8"]) == 8
     engine = open_chat(model=target_dir, draft_model=out)  # trained here: auto, not the depth
     assert engine.drafter.name == "draft-eagle3" and engine.draft_length == "auto"
-    assert open_chat(model=target_dir, draft_model=out, num_draft=4).draft_length == 4
+    assert open_chat(model=target_dir, draft_model=out, draft_length=4).draft_length == 4
     # an MTP head into the same directory: refused, nothing overwritten
     assert main(args[:4] + ["shared-kv"] + args[5:]) == 2
     assert "another kind of head" in capsys.readouterr().err

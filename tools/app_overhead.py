@@ -84,7 +84,7 @@ async def with_app(engine: EngineService, tokens: int, home: Path,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.app_overhead", description=__doc__)
     ap.add_argument("--model", default=None, help="default: the bundled demo pair")
-    ap.add_argument("--num-draft", default="4", help="an integer, or auto")
+    ap.add_argument("--draft-length", default="4", help="an integer, or auto")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--pairs", type=int, default=12)
     ap.add_argument("--budget", type=float, default=None,
@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-thread", action="store_true",
                     help="the engine in this process (default: a child process, as in the app)")
     args = ap.parse_args(argv)
-    k = parse_draft_length(args.num_draft)
+    k = parse_draft_length(args.draft_length)
     start = EngineInThread.load if args.in_thread else EngineProcess.start
-    engine = start(LoadSpec(model=args.model, num_draft=k))
+    engine = start(LoadSpec(model=args.model, draft_length=k))
     try:
         return _compare(engine, args.tokens, args.pairs, args.budget)
     finally:

@@ -27,7 +27,7 @@ from mlx_spec_app.settings import Settings
 from mlx_spec_app.widgets import PromptInput
 
 async def main():
-    app = SpecChatApp(LoadSpec(model=sys.argv[1], num_draft=3), history=History())
+    app = SpecChatApp(LoadSpec(model=sys.argv[1], draft_length=3), history=History())
     async with app.run_test(size=(100, 30)) as pilot:
         while app.engine is None or app.busy:
             await pilot.pause(0.05)

@@ -182,7 +182,7 @@ class Counted(EngineInThread):
 
 
 async def test_a_real_engine_measures_while_idle_and_the_next_run_reads_it(home):
-    first = Counted.load(LoadSpec(num_draft=3))  # a fresh MLX_SPEC_HOME: nothing saved
+    first = Counted.load(LoadSpec(draft_length=3))  # a fresh MLX_SPEC_HOME: nothing saved
     first.go = threading.Event()
     assert first.info.baseline is None and not first.info.calibrated
     app = SpecChatApp(engine=first, history=History())
@@ -193,7 +193,7 @@ async def test_a_real_engine_measures_while_idle_and_the_next_run_reads_it(home)
         await until(pilot, lambda: app.host.baseline is not None, timeout=120)
         assert "÷ baseline" in panel(app, "#method") and first.measured == 1
     saved = first.info.baseline
-    second = Counted.load(LoadSpec(num_draft=3))  # a later run on the same model and device
+    second = Counted.load(LoadSpec(draft_length=3))  # a later run on the same model and device
     second.go = threading.Event()
     assert second.info.baseline == saved and second.info.calibrated  # read, shown at once
     app = SpecChatApp(engine=second, history=History())
@@ -205,4 +205,4 @@ async def test_a_real_engine_measures_while_idle_and_the_next_run_reads_it(home)
         joined = app.host.baseline
         assert joined.measurements[0] == saved.tok_s and len(joined.measurements) == 2
         assert "the median of the last 2 sessions' measurements" in panel(app, "#method")
-    assert second.measured == 1 and Counted.load(LoadSpec(num_draft=3)).info.baseline == joined
+    assert second.measured == 1 and Counted.load(LoadSpec(draft_length=3)).info.baseline == joined

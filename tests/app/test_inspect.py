@@ -113,7 +113,7 @@ async def test_save_trace_writes_a_page_and_its_record(home):
 
 
 async def test_a_real_turn_is_traced_and_its_ghosts_are_its_rejections(home):
-    engine = EngineInThread.load(LoadSpec(num_draft=3))
+    engine = EngineInThread.load(LoadSpec(draft_length=3))
     app = SpecChatApp(engine=engine, baseline=BASELINE)
     async with app.run_test(size=(100, 30)) as pilot:
         answer = await one_turn(pilot, "def add(")
@@ -135,7 +135,7 @@ def test_no_app_key_is_taken_by_the_prompt_box():
 async def test_racing_another_drafter_shows_both_answers_in_their_colours(home):
     """f10, then n-gram: the last prompt again with the other drafter, on a conversation of
     its own. Greedy: the same text in both panes, coloured by what each drafter got right."""
-    engine = EngineInThread.load(LoadSpec(num_draft=3))
+    engine = EngineInThread.load(LoadSpec(draft_length=3))
     app = SpecChatApp(engine=engine, baseline=BASELINE)
     async with app.run_test(size=(100, 30)) as pilot:
         answer = await one_turn(pilot, "def add(")

@@ -28,7 +28,7 @@ def engine():
     # engine process, is tested at the end of this file.
     # k fixed at 3: every round drafts, so answers always hold drafted-token kinds ("auto" may
     # turn speculation off on a CPU, where the quantized target cannot gain from it)
-    return EngineInThread.load(LoadSpec(num_draft=3))
+    return EngineInThread.load(LoadSpec(draft_length=3))
 
 
 @pytest.fixture(scope="module")
@@ -297,7 +297,7 @@ async def test_load_failure_shows_one_line_and_exits_2(home):
 async def test_the_app_runs_its_own_engine_in_a_child_process(home):
     """The default path (no engine handed in): the first run welcomes, the demo is its first
     choice; EngineProcess started, used, closed on exit."""
-    app = SpecChatApp(LoadSpec(num_draft=3))
+    app = SpecChatApp(LoadSpec(draft_length=3))
     async with app.run_test(size=SIZE) as pilot:
         while not isinstance(app.screen, WelcomeScreen):
             await pilot.pause(0.05)
@@ -337,7 +337,7 @@ async def test_at_80x24_the_panel_folds_and_the_legend_is_whole(engine, baseline
 async def test_a_killed_engine_ends_the_turn_in_one_line_and_is_started_again(home):
     from mlx_spec.assets import demo_model
 
-    app = SpecChatApp(LoadSpec(model=str(demo_model()), num_draft=3))
+    app = SpecChatApp(LoadSpec(model=str(demo_model()), draft_length=3))
     async with app.run_test(size=SIZE) as pilot:
         await idle(pilot, timeout=60)
         first = app.engine

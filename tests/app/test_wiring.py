@@ -60,17 +60,17 @@ async def idle(pilot) -> None:
 async def test_a_downloaded_pair_keeps_the_drafter_the_user_chose(home, started):
     """`mlx-spec chat tiny-pair --drafter ngram`: the pair loads with n-gram, not its draft
     model (the app used to overwrite the user's drafter with the pair's)."""
-    app = SpecChatApp(LoadSpec(drafter="ngram", num_draft=2), history=welcomed())
+    app = SpecChatApp(LoadSpec(drafter="ngram", draft_length=2), history=welcomed())
     async with app.run_test(size=SIZE) as pilot:
         await idle(pilot)
         app.models.launch(PAIR)
         await idle(pilot)
-    assert started[-1] == LoadSpec(model="/cache/target", drafter="ngram", num_draft=2)
+    assert started[-1] == LoadSpec(model="/cache/target", drafter="ngram", draft_length=2)
 
 
 async def test_a_pair_fills_the_drafter_left_unset_and_the_next_pair_brings_its_own(home,
                                                                                     started):
-    app = SpecChatApp(LoadSpec(num_draft=2), history=welcomed())
+    app = SpecChatApp(LoadSpec(draft_length=2), history=welcomed())
     async with app.run_test(size=SIZE) as pilot:
         await idle(pilot)
         app.models.launch(PAIR)
@@ -79,8 +79,8 @@ async def test_a_pair_fills_the_drafter_left_unset_and_the_next_pair_brings_its_
         await idle(pilot)
     pair, head = started[-2:]
     assert pair == LoadSpec(model="/cache/target", drafter="draft", draft_model="/cache/draft",
-                            num_draft=2)
-    assert head == LoadSpec(model="/cache/other", drafter="mtp", mtp="/cache/head", num_draft=2)
+                            draft_length=2)
+    assert head == LoadSpec(model="/cache/other", drafter="mtp", mtp="/cache/head", draft_length=2)
 
 
 async def test_the_last_model_is_remembered_and_reopened_with_the_users_drafter(home, started):
@@ -98,17 +98,17 @@ async def test_the_last_model_is_remembered_and_reopened_with_the_users_drafter(
 
 
 @pytest.mark.parametrize("saved, expected", [
-    ({"model": "/m"}, LoadSpec(model="/m", num_draft=4)),  # an older record: the model only
+    ({"model": "/m"}, LoadSpec(model="/m", draft_length=4)),  # an older record: the model only
     ({"model": "/m", "draft_model": "/d", "mtp": None},
-     LoadSpec(model="/m", draft_model="/d", num_draft=4)),
-    ({"model": GONE}, LoadSpec(num_draft=4)),  # gone since: the demo pair
-    ({"model": 3}, LoadSpec(num_draft=4)),  # hand-edited: ignored
-    ("/m", LoadSpec(num_draft=4)),
+     LoadSpec(model="/m", draft_model="/d", draft_length=4)),
+    ({"model": GONE}, LoadSpec(draft_length=4)),  # gone since: the demo pair
+    ({"model": 3}, LoadSpec(draft_length=4)),  # hand-edited: ignored
+    ("/m", LoadSpec(draft_length=4)),
 ])
 async def test_saved_last_models_reopen_or_fall_back_to_the_demo(home, started, saved, expected):
     history = welcomed()
     history.set("last_model", saved)
-    app = SpecChatApp(LoadSpec(num_draft=4), history=history)
+    app = SpecChatApp(LoadSpec(draft_length=4), history=history)
     async with app.run_test(size=SIZE) as pilot:
         await idle(pilot)
         assert app.engine is not None
