@@ -19,15 +19,17 @@ def load_target(path_or_repo: str | Path, *, lazy: bool = False,
     """(TargetModel, mlx-lm TokenizerWrapper) for a local model directory or a hub repo id.
     lazy: weights are mapped, not read, until used (to inspect a model's layout). dtype
     ("float32", …): its floating-point weights cast to that at load (the name says so)."""
-    from mlx_lm import load
+    from mlx_lm.utils import load_model
+
+    from .tokenizer_cache import load_tokenizer
 
     local = _local_dir(path_or_repo)  # a hub repo id is fetched (resumably) first
     _check_model_dir(local)
-    source = str(local)
     try:
         overrides = mlx_lm_overrides(json.loads((local / "config.json").read_text()))
-        model, tokenizer, config = load(source, return_config=True, lazy=lazy,
-                                        model_config=overrides or {})
+        # mlx-lm's `load`, in its two halves: the tokenizer kept ready between runs
+        model, config = load_model(local, lazy, model_config=overrides or {})
+        tokenizer = load_tokenizer(local, eos_token_ids=config.get("eos_token_id"))
     except ModelLoadError:
         raise
     except Exception as e:  # mlx-lm raises many kinds; the user needs one line
