@@ -5,7 +5,8 @@ alone, and mlx-lm's own generate_step on the same weights.
 
 Chat prompts none of the head's training or held-out prompts are (train/chat.py), T = 0 and
 T = 1, each side run in mirrored order (A B … B A). Sides: the head at k = 4 (the issue's bar:
-tokens per pass), at auto, and behind prompt lookup at auto (what the app runs).
+tokens per pass), at auto, and behind prompt lookup at auto (what the app runs); at T > 0 also
+seeded requests (the drafter-invariant coupling: the same text as seeded target-only).
 Results: docs/BENCH-smollm2.md, docs/bench-smollm2.json. Timings are never asserted by tests."""
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ def smollm2(cfg: BenchConfig, log: Log, *, head: bool = True
     for temp, top_p in cfg.temperatures:
         t = f"T={temp:g}"
 
-        def ours(name, drafter, k, kind, temp=temp, top_p=top_p, t=t):
+        def ours(name, drafter, k, kind, temp=temp, top_p=top_p, t=t, coupling="leviathan"):
             return lambda: run.ours(target, drafter() if drafter else None, k,
-                                    f"SmolLM2 {name} {t}", kind, label, temp, top_p)
+                                    f"SmolLM2 {name} {t}", kind, label, temp, top_p,
+                                    coupling=coupling)
 
         sides = {"target-only": ours("target-only", None, 1, "none"),
                  "ngram auto": ours("ngram auto", NgramDrafter, "auto", "ngram")}
@@ -73,6 +75,12 @@ def smollm2(cfg: BenchConfig, log: Log, *, head: bool = True
                 "mlx-lm target-only": lambda temp=temp, top_p=top_p, t=t: run.mlx_lm(
                     target, f"SmolLM2 mlx-lm generate_step {t}", label, temp, top_p=top_p),
             }
+        if head and temp > 0:  # seeded requests: the drafter-invariant coupling (sampling.py)
+            sides |= {"target-only seeded": ours("target-only seeded", None, 1, "none",
+                                                 coupling="gumbel"),
+                      "head+lookup auto seeded": ours(
+                          "head+lookup auto seeded", lambda: LookupFirst(eagle()), "auto",
+                          "eagle3+lookup", coupling="gumbel")}
         got, runs = compare(sides, cfg.parity_pairs)
         for r in got:
             r.speedup_vs_target = r.tok_s / got[0].tok_s if got[0].tok_s else 0.0
@@ -81,6 +89,9 @@ def smollm2(cfg: BenchConfig, log: Log, *, head: bool = True
         names = list(sides)
         ratios[t] = {f"{a} ÷ target-only": ratio(runs, names, a, "target-only")
                      for a in names[1:] if not a.startswith("mlx-lm")}
+        if "head+lookup auto seeded" in sides:
+            ratios[t]["head+lookup auto seeded ÷ target-only seeded"] = ratio(
+                runs, names, "head+lookup auto seeded", "target-only seeded")
         if head:
             ratios[t]["target-only ÷ mlx-lm target-only"] = ratio(
                 runs, names, "target-only", "mlx-lm target-only")

@@ -38,9 +38,13 @@ class SoakConfig:
     max_tokens: int = 24
     max_concurrency: int = 4
     max_queue: int = 8  # 16 clients against 4 + 8 places: the queue fills, 429s are expected
-    kv_memory_gib: float = 0.25  # the cache budget: three "big" requests fill it (429s)
-    big_tokens: int = 30_000  # a "big" request's max_tokens (it hangs up after 3 events)
-    huge_tokens: int = 2_000_000  # more than the whole budget holds: a 400 at admission
+    # the cache budget, 8 MiB: the demo's caches take 2.75 KiB a token (with its head's), in
+    # 256-token steps, and a turn stops at its 4096-token context (11.7 MiB); a plain request
+    # reserves 0.7 MiB, a "big" one 6.2 MiB (so a second waits for room: 429), and one asking
+    # for the whole context cannot fit at all (400)
+    kv_memory_gib: float = 8 / 1024
+    big_tokens: int = 2000  # a "big" request's max_tokens (it hangs up after 3 events)
+    huge_tokens: int = 2_000_000  # the whole context: more than the budget holds
     levels: tuple[int, ...] = (1, 2, 4, 8, 16)  # the latency table's concurrent streams
     level_seconds: float = 20.0
 
@@ -317,9 +321,10 @@ def report(r: dict[str, Any]) -> list[str]:
         f"{r['soak']['max_concurrency']}, --max-queue {r['soak']['max_queue']}): chat and "
         "completions streamed and whole, messages streamed and whole, tool calls, seeded T = 1, "
         "hang-ups after 3 events, over-long prompts, \"big\" streams (max_tokens "
-        f"{r['soak']['big_tokens']}: three fill the --kv-memory {r['soak']['kv_memory_gib']} GiB "
-        "cache budget, then 429) that hang up after 3 events, and requests no budget holds "
-        f"(max_tokens {r['soak']['huge_tokens']}: 400).", "",
+        f"{r['soak']['big_tokens']}: one holds most of the --kv-memory "
+        f"{r['soak']['kv_memory_gib'] * 1024:.0f} MiB cache budget, so others wait: 429) that "
+        "hang up after 3 events, and requests for the whole context, which the budget cannot "
+        f"hold (max_tokens {r['soak']['huge_tokens']}: 400).", "",
         f"- sent {r['sent']}; by status: " + ", ".join(f"{k}: {v}" for k, v in
                                                        sorted(r["statuses"].items())),
         f"- of the 429s, {r.get('budget_429', 0)} for the cache budget (the rest: a full "

@@ -57,7 +57,7 @@ def test_admission_reserves_caches_and_gives_them_back(pair):
     """Budget 100 'bytes' at one per token: a request needing more than all of it is refused
     outright; one needing more than what is left waits for room (429) while another runs; when
     that one ends its reservation returns."""
-    budget = Budget(100, Growth(per_token=1.0, fixed=0), reach=0)
+    budget = Budget(100, Growth(per_token=1.0, fixed=0), reach=0, context=10**6)
     sched = Scheduler(engine_of(pair, draft_length=3), max_concurrency=2, budget=budget)
     gate, step = threading.Event(), sched.batch.step
     sched.batch.step = lambda rows: (gate.wait(30), step(rows))[1]
@@ -76,6 +76,8 @@ def test_admission_reserves_caches_and_gives_them_back(pair):
         again = sched.submit([5] * 10, max_tokens=60, sampling=SamplingConfig())
         list(again.stream())
         assert sched.reserved == 0
+        # a turn stops at the context: max_tokens beyond it reserves no more than the context
+        assert Budget(100, budget.growth, reach=2, context=50).need(10, 10**9) == 52
     finally:
         gate.set()
         sched.close()
@@ -84,7 +86,8 @@ def test_admission_reserves_caches_and_gives_them_back(pair):
 def test_a_request_too_large_for_the_budget_is_a_400_naming_it(pair):
     engine = engine_of(pair, draft_length=3)
     per_token = engine.memory_growth().per_token
-    server = Server(engine, port=0, kv_memory=int(per_token * 1024))
+    budget = int(per_token * engine.target.context_length // 2)  # half a full context's caches
+    server = Server(engine, port=0, kv_memory=budget)
     server.start()
     try:
         c = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0)
@@ -95,7 +98,7 @@ def test_a_request_too_large_for_the_budget_is_a_400_naming_it(pair):
         metrics = http.client.HTTPConnection(*server.httpd.server_address[:2])
         metrics.request("GET", "/metrics")
         text = metrics.getresponse().read().decode()
-        assert f"mlx_spec:cache_budget_bytes {int(per_token * 1024)}" in text
+        assert f"mlx_spec:cache_budget_bytes {budget}" in text
         assert "mlx_spec:cache_reserved_bytes 0" in text
     finally:
         server.close()

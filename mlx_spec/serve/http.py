@@ -111,7 +111,8 @@ def cache_budget(engine: Engine, kv_memory: int | None) -> Budget | None:
         weights = engine.target.nbytes() + (engine.drafter.nbytes() if engine.drafter else 0)
         kv_memory = max(0, ((memory_bytes() or 16 * 2**30) - weights) // 2)
     k = engine.draft_length if isinstance(engine.draft_length, int) else 0
-    return Budget(kv_memory, engine.memory_growth(), max(engine.auto_max_draft, k) + 1)
+    return Budget(kv_memory, engine.memory_growth(), max(engine.auto_max_draft, k) + 1,
+                  engine.target.context_length)
 
 
 class _Handler(BaseHTTPRequestHandler):

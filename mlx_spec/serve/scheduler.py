@@ -41,15 +41,17 @@ class TooLarge(Exception):
 class Budget:
     """The bytes the caches of every admitted request (running or waiting) may take together,
     and what one conversation's caches take (Engine.memory_growth). A request reserves its
-    caches at their longest — prompt + max_tokens + the longest draft a round verifies — when
-    admitted, and gives them back when it ends: what is admitted always fits."""
+    caches at their longest — prompt + max_tokens (a turn stops at the context), and the longest
+    draft a round verifies — when admitted, and gives them back when it ends: what is admitted
+    always fits."""
 
     bytes: int
     growth: Growth
     reach: int  # the tokens a verify pass may hold beyond the committed ones
+    context: int  # the most tokens a conversation holds
 
     def need(self, prompt: int, max_tokens: int) -> int:
-        return self.growth.bytes_for(prompt + max_tokens + self.reach)
+        return self.growth.bytes_for(min(prompt + max_tokens, self.context) + self.reach)
 
 
 @dataclass
