@@ -15,9 +15,11 @@ from mlx_spec.engine.adaptive import AdaptiveDraftLength
 from mlx_spec.engine.schedule import Schedule, Speculate
 from mlx_spec.sampling import SamplingConfig
 
+REFERENCE = Path(__file__).parents[1] / "reference"  # tests/reference/
+
 # L(t) for 96 tokens of each of the bench's 3 prompts, demo MTP head on the demo f32 target
 # (bench/replay.py: record; the widened bench target computes the same function)
-BENCH_TABLES = json.loads((Path(__file__).parent / "reference" / "mtp_runs.json").read_text())
+BENCH_TABLES = json.loads((REFERENCE / "mtp_runs.json").read_text())
 # the widened bench target's costs as the policy fitted them on the dev machine: a verify pass
 # 51.5 ms + 1.9 ms per token, a draft 3.2 ms, a plain token 48 ms
 BENCH_COSTS = RoundCosts(plain=0.048, verify=tuple(0.0515 + 0.0019 * q for q in range(9)),
@@ -26,7 +28,7 @@ BENCH_COSTS = RoundCosts(plain=0.048, verify=tuple(0.0515 + 0.0019 * q for q in 
 
 # r_1..r_8 at each of 96 positions of a continuation sampled at T = 1, the same 3 prompts, two
 # continuations each (bench/replay.py: record_sampled, demo MTP head on the demo f32 target)
-SAMPLED_TABLES = json.loads((Path(__file__).parent / "reference" / "mtp_odds_t1.json").read_text())
+SAMPLED_TABLES = json.loads((REFERENCE / "mtp_odds_t1.json").read_text())
 # the widened bench target's rounds at T = 1 as the engine timed them (fused, ms, k = 0..8: a
 # plain token, then ~6 ms a draft up to k = 3 and ~4 after; timed at k ≤ 6, extended)
 SAMPLED_ROUND_MS = (48.8, 58, 65, 72, 76, 79, 84, 89, 94)
@@ -121,7 +123,7 @@ def test_auto_keeps_up_with_the_best_fixed_k_at_t1():
 # L(t) and the text (prompt + continuation) for 96 tokens of each of the bench's 3 prompts,
 # today's demo MTP head on the demo f32 target (bench/replay.py: record(..., text=True)): its
 # greedy continuations fall into loops of period 3 and 4 (the second and third prompts)
-LOOPING = json.loads((Path(__file__).parent / "reference" / "mtp_runs_looping.json").read_text())
+LOOPING = json.loads((REFERENCE / "mtp_runs_looping.json").read_text())
 
 
 def test_auto_lands_in_phase_on_looping_text():

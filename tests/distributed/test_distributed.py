@@ -32,7 +32,7 @@ from mlx_spec.sampling import SamplingConfig
 from mlx_spec.spec import LoadSpec
 from mlx_spec.train.modeldir import build_model, save_model_dir
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # tests/: the driver sits beside the shared helpers
 PROMPT = [(i * 29) % 300 + 5 for i in range(20)]
 # llama with 2 KV heads, so a tensor split gives each rank one
 LLAMA = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,

@@ -125,7 +125,7 @@ def test_a_prior_that_starts_with_speculation_off_keeps_plain_decodings_measured
     assert policy.scaled and policy.round_cost(0) == pytest.approx(plain)
 
 
-TABLES = json.loads((Path(__file__).parent / "reference" / "mtp_runs.json").read_text())
+TABLES = json.loads((Path(__file__).parents[1] / "reference" / "mtp_runs.json").read_text())
 HYBRID = RoundCosts(plain=0.065, verify=tuple(1.1 * (0.066 + 0.0076 * q) for q in range(9)),
                     draft=0.008, overhead=0.01)
 QUANTIZED = RoundCosts(plain=0.02, verify=tuple(linear(q) for q in range(1, 10)), draft=0.002)
