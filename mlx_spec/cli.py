@@ -97,10 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-queue", type=positive_int, default=64,
                     help="requests waiting at most; more are answered 429 at once")
     sv.add_argument("--kv-memory", type=positive_float, default=None, metavar="GB",
-                    help="the memory (GiB) every admitted request's caches may take together; a "
-                         "request is admitted with its caches at their longest (prompt + "
-                         "max_tokens) or refused: 400 if it alone cannot fit, 429 while others "
-                         "hold the room (default: half the memory left beside the weights)")
+                    help="the memory (GiB) the running requests' caches may take together: a "
+                         "request starts when its caches at their longest (prompt + max_tokens) "
+                         "fit beside theirs, waiting in the queue till then; one that never can "
+                         "is refused 400 (default: half the memory left beside the weights)")
 
     cal = sub.add_parser("calibrate", help="measure a model's costs and target-only speed on "
                                             "this machine now (saved; `auto` reads them)")

@@ -60,7 +60,7 @@ class Server:
     def __init__(self, engine: Engine, *, host: str = "127.0.0.1", port: int = 8080,
                  api_key: str | None = None, max_concurrency: int = 4, max_queue: int = 64,
                  kv_memory: int | None = None):
-        """kv_memory: the bytes every admitted request's caches may take together (None:
+        """kv_memory: the bytes the running requests' caches may take together (None:
         half of what the machine's memory leaves beside the weights; see `cache_budget`)."""
         self.engine, self.api_key = engine, api_key
         self.model = engine.target.name
@@ -99,7 +99,7 @@ class Server:
 
 
 def cache_budget(engine: Engine, kv_memory: int | None) -> Budget | None:
-    """The memory budget requests are admitted against: `kv_memory` bytes, or half of the
+    """The memory budget requests start against: `kv_memory` bytes, or half of the
     machine's memory less the weights (the other half is the system's and the allocator's
     slack). None for a target split over ranks: its caches live on every rank (not measured
     here: a one-turn measurement would need every rank)."""

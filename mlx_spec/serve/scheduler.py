@@ -29,8 +29,7 @@ _DONE = object()  # the end of a job's events
 
 
 class QueueFull(Exception):
-    """More requests are waiting than the server queues, or the memory budget is taken by the
-    ones admitted (answered 429: try again)."""
+    """More requests are waiting than the server queues (answered 429: try again)."""
 
 
 class TooLarge(Exception):
@@ -39,11 +38,12 @@ class TooLarge(Exception):
 
 @dataclass(frozen=True)
 class Budget:
-    """The bytes the caches of every admitted request (running or waiting) may take together,
-    and what one conversation's caches take (Engine.memory_growth). A request reserves its
-    caches at their longest — prompt + max_tokens (a turn stops at the context), and the longest
-    draft a round verifies — when admitted, and gives them back when it ends: what is admitted
-    always fits."""
+    """The bytes the caches of every running request may take together, and what one
+    conversation's caches take (Engine.memory_growth). A request starts only once its caches at
+    their longest — prompt + max_tokens (a turn stops at the context), and the longest draft a
+    round verifies — fit beside the running ones' (it waits in the queue, first in line first:
+    a large request is not overtaken for ever by small ones), and gives them back when it
+    ends: what runs always fits. One that could never fit is refused at once."""
 
     bytes: int
     growth: Growth
@@ -65,7 +65,8 @@ class Job:
     stop: threading.Event = field(default_factory=threading.Event)
     events: queue.Queue = field(default_factory=queue.Queue)
     arrived: float = field(default_factory=time.perf_counter)
-    reserved: int = 0  # the bytes of the memory budget it holds until it ends
+    need: int = 0  # the bytes of the memory budget it holds while it runs
+    reserved: int = 0  # what it holds now (its need from its start to its end)
     last_token: float = 0.0  # when its latest token was handed over
 
     def stream(self) -> Iterator[Event]:
@@ -90,6 +91,7 @@ class Scheduler:
         self.engine = engine
         self.max_concurrency, self.max_queue = max_concurrency, max_queue
         self.budget, self.reserved = budget, 0  # None: no memory budget (a split target)
+        # reserved: what the running requests hold of it
         self._waiting: deque[Job] = deque()
         self._lock = threading.Condition()
         self._closed = False
@@ -101,13 +103,17 @@ class Scheduler:
         self._thread.start()
 
     @property
+    def budget_bytes(self) -> float:
+        return self.budget.bytes if self.budget else float("inf")
+
+    @property
     def waiting(self) -> int:
         return len(self._waiting)
 
     def submit(self, prompt: list[int], *, max_tokens: int, sampling: SamplingConfig,
                trace: bool = False) -> Job:
         job = Job(prompt, max_tokens, sampling, trace)
-        need = self.budget.need(len(prompt), max_tokens) if self.budget else 0
+        need = job.need = self.budget.need(len(prompt), max_tokens) if self.budget else 0
         if self.budget and need > self.budget.bytes:
             raise TooLarge(f"its caches would take {_mb(need)} (a {len(prompt)}-token prompt "
                            f"and max_tokens {max_tokens}); the server's budget for all of them "
@@ -118,11 +124,6 @@ class Scheduler:
             if self.running + len(self._waiting) >= self.max_concurrency + self.max_queue:
                 raise QueueFull(f"{self.running} requests are running and "
                                 f"{len(self._waiting)} waiting")
-            if self.budget and self.reserved + need > self.budget.bytes:
-                raise QueueFull(f"the requests admitted hold {_mb(self.reserved)} of the "
-                                f"{_mb(self.budget.bytes)} cache budget; this one needs "
-                                f"{_mb(need)}")
-            job.reserved, self.reserved = need, self.reserved + need
             self._waiting.append(job)
             self._arrived.set()
             self._lock.notify()
@@ -158,7 +159,11 @@ class Scheduler:
                 if self._closed and not running and not self._waiting:
                     return
                 while self._waiting and len(running) < self.max_concurrency:
-                    job = self._waiting.popleft()
+                    job = self._waiting[0]
+                    if running and self.reserved + job.need > self.budget_bytes:
+                        break  # the first in line waits for room: a running one must end
+                    self._waiting.popleft()
+                    job.reserved, self.reserved = job.need, self.reserved + job.need
                     try:
                         running.append(self._start(job))
                     except Exception as e:  # noqa: BLE001 - its own error, never the thread's

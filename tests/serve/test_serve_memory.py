@@ -1,8 +1,9 @@
 """What `mlx-spec serve` holds in memory: each request's caches are reserved against a budget
-at admission (one that cannot fit is a 400, one that must wait for room a 429: never an
-out-of-memory kill mid-answer), the estimate behind it covers the caches a turn really grows,
-finished and cancelled requests give their caches back, and an idle kept-alive connection is
-closed rather than holding a thread for as long as its client lives."""
+before it starts (one that can never fit is a 400 at once, one that must wait for room waits in
+the queue: never an out-of-memory kill mid-answer), the estimate behind it covers the caches a
+turn really grows, finished and cancelled requests give their caches back, and an idle
+kept-alive connection is closed rather than holding a thread for as long as its client
+lives."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from mlx_spec.loading import load_target
 from mlx_spec.sampling import SamplingConfig
 from mlx_spec.serve import Server
 from mlx_spec.serve import http as serve_http
-from mlx_spec.serve.scheduler import Budget, QueueFull, Scheduler, TooLarge
+from mlx_spec.serve.scheduler import Budget, Scheduler, TooLarge
 
 CHAT = [{"role": "user", "content": "def add(a, b):"}]
 
@@ -53,28 +54,34 @@ def test_the_growth_estimate_covers_what_a_turn_grows(pair):
     assert real <= estimate <= real + growth.per_token * growth.step
 
 
-def test_admission_reserves_caches_and_gives_them_back(pair):
+def test_a_request_starts_when_its_caches_fit_first_in_line_first(pair):
     """Budget 100 'bytes' at one per token: a request needing more than all of it is refused
-    outright; one needing more than what is left waits for room (429) while another runs; when
-    that one ends its reservation returns."""
+    outright; one needing more than is left waits in the queue while another runs, and the
+    small one behind it waits too (first in line first: a large request is never overtaken
+    for ever); when the first ends both start, and every reservation returns."""
     budget = Budget(100, Growth(per_token=1.0, fixed=0), reach=0, context=10**6)
-    sched = Scheduler(engine_of(pair, draft_length=3), max_concurrency=2, budget=budget)
+    sched = Scheduler(engine_of(pair, draft_length=3), max_concurrency=4, budget=budget)
     gate, step = threading.Event(), sched.batch.step
     sched.batch.step = lambda rows: (gate.wait(30), step(rows))[1]
+    started = []
+    start = sched._start
+    sched._start = lambda job: (started.append(job.need), start(job))[1]
     try:
         with pytest.raises(TooLarge, match="budget"):
             sched.submit([5] * 10, max_tokens=91, sampling=SamplingConfig())
         first = sched.submit([5] * 10, max_tokens=50, sampling=SamplingConfig())
-        assert sched.reserved == 60
-        with pytest.raises(QueueFull, match="cache budget"):
-            sched.submit([5] * 10, max_tokens=31, sampling=SamplingConfig())
-        fits = sched.submit([5] * 10, max_tokens=30, sampling=SamplingConfig())
-        assert sched.reserved == 100
+        for _ in range(200):
+            if started:
+                break
+            threading.Event().wait(0.01)
+        large = sched.submit([5] * 10, max_tokens=41, sampling=SamplingConfig())
+        small = sched.submit([5] * 10, max_tokens=5, sampling=SamplingConfig())
+        threading.Event().wait(0.2)
+        assert started == [60] and sched.reserved == 60 and sched.waiting == 2
         gate.set()
-        list(first.stream()), list(fits.stream())
-        assert sched.reserved == 0
-        again = sched.submit([5] * 10, max_tokens=60, sampling=SamplingConfig())
-        list(again.stream())
+        for job in (first, large, small):
+            list(job.stream())
+        assert started == [60, 51, 15]
         assert sched.reserved == 0
         # a turn stops at the context: max_tokens beyond it reserves no more than the context
         assert Budget(100, budget.growth, reach=2, context=50).need(10, 10**9) == 52
