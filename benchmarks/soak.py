@@ -74,9 +74,10 @@ def bench_soak(cfg: BenchConfig, out: Path, log=print, soak: SoakConfig = SoakCo
         idle_before = scrape(url)
         rss: list[tuple[float, int]] = []
         mlx: list[tuple[float, ...]] = []
+        failed: list[str] = []
         stop = threading.Event()
-        sampler = threading.Thread(target=sample_rss, args=(proc.pid, rss, stop, url, mlx),
-                                   daemon=True)
+        sampler = threading.Thread(target=sample_rss,
+                                   args=(proc.pid, rss, stop, url, mlx, failed), daemon=True)
         sampler.start()
         outcomes = load(url, soak, log)
         stop.set()
@@ -97,6 +98,8 @@ def bench_soak(cfg: BenchConfig, out: Path, log=print, soak: SoakConfig = SoakCo
         [round(t - t0), round(b / 2**20)] for t, b in rss[::10]]
     result["mlx_mb"] = [[round(t - t0), round(a / 2**20), round(c / 2**20)]
                         for t, a, c, _ in mlx]
+    result["scrapes_failed"] = failed[:10] + ([f"... {len(failed)} in all"]
+                                              if len(failed) > 10 else [])
     result["reserved_max_mib"] = max((r for *_, r in mlx), default=0.0) / 2**20
     result.update({"machine": machine(), "config": asdict(cfg), "soak": asdict(soak),
                    "minutes": (time.perf_counter() - started) / 60})
@@ -107,9 +110,10 @@ def bench_soak(cfg: BenchConfig, out: Path, log=print, soak: SoakConfig = SoakCo
 
 
 def sample_rss(pid: int, out: list[tuple[float, int]], stop: threading.Event,
-               url: str | None = None, mlx: list[tuple[float, ...]] | None = None) -> None:
+               url: str | None = None, mlx: list[tuple[float, ...]] | None = None,
+               failed: list[str] | None = None) -> None:
     """VmRSS every second; every 5 s also MLX's active and cached memory and the cache budget
-    the running requests hold (/metrics)."""
+    the running requests hold (/metrics; a scrape that fails is noted in `failed`)."""
     tick = 0
     while not stop.wait(1.0):
         try:
@@ -120,10 +124,11 @@ def sample_rss(pid: int, out: list[tuple[float, int]], stop: threading.Event,
                   if line.startswith("VmRSS:"))
         out.append((time.monotonic(), kb * 1024))
         tick += 1
-        if url is not None and mlx is not None and tick % 5 == 0:
+        if url is not None and mlx is not None and failed is not None and tick % 5 == 0:
             try:
                 m = scrape(url)
-            except OSError:
+            except Exception as e:  # noqa: BLE001 - a failed scrape must not end the sampling
+                failed.append(f"{type(e).__name__}: {e}"[:200])
                 continue
             mlx.append((time.monotonic(), m.get("mlx_spec:mlx_active_memory_bytes", 0.0),
                         m.get("mlx_spec:mlx_cache_memory_bytes", 0.0),
@@ -350,6 +355,8 @@ def report(r: dict[str, Any]) -> list[str]:
         f"{r['clients_answered']} answered (hang-ups included: the server finished or "
         "cancelled them) plus the 'alone' checks",
         f"- a traceback in the server's log: {'yes' if r['server_traceback'] else 'no'}",
+        f"- /metrics scrapes by the sampler that failed: {len(r.get('scrapes_failed', []))}"
+        + (f" ({'; '.join(r['scrapes_failed'][:2])})" if r.get("scrapes_failed") else ""),
         *idle_lines(r),
         "- tool calls are refused 400 on the demo pair (its chat template has none); the "
         "server's tool calling is tested with a tool-aware template in test_serve_tools.py",
