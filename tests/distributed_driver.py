@@ -74,7 +74,7 @@ def main() -> None:
         out["after_idle"] = list(list(conv.generate([8, 9], max_tokens=4, ignore_eos=True))[-1]
                                  .tokens)
     if job.get("batch"):  # conversations verified together (the server's batch), checked
-        from test_batch import lockstep
+        from helpers import lockstep
 
         convs = [engine.conversation(draft_length=job.get("k", 3)) for _ in job["batch"]]
         worst: list[float] = []

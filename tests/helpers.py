@@ -16,7 +16,9 @@ from mlx_spec.drafters.lookup import LookupFirst
 from mlx_spec.drafters.mtp import MTPDrafter
 from mlx_spec.engine import Engine
 from mlx_spec.engine.costs import TargetCosts
+from mlx_spec.engine.cycle import Batch
 from mlx_spec.events import TurnEnd
+from mlx_spec.sampling import SamplingConfig
 
 PROMPT = [(i * 29) % 300 + 5 for i in range(20)]
 MAX = 40
@@ -260,3 +262,28 @@ def padded(conv, monkeypatch, size: int = 16) -> list[int]:
 
     monkeypatch.setattr(conv.target, "forward", counted)
     return fed
+
+
+def lockstep(convs, prompts, *, max_tokens=32, sampling=None, rows=None):
+    """Drive the turns together as the server does (cycle.Batch.step: every round's drafts
+    together, one pass per cycle, prompt chunks of turns arriving together in one pass).
+    rows: the batch's rows, made here from convs and prompts if not given. Returns each turn's
+    TurnEnd, the rounds of every cycle that verified any, and the rows of every prefill pass."""
+    batch = Batch(convs[0].costbook)
+    sampling = sampling or [SamplingConfig()] * len(convs)
+    rows = rows or [batch.start(c, p, max_tokens=max_tokens, sampling=s, ignore_eos=True)
+                    for c, p, s in zip(convs, prompts, sampling, strict=True)]
+    ends, sizes, prefills = [None] * len(rows), [], []
+    live = list(range(len(rows)))
+    while live:
+        cycle = batch.step([rows[i] for i in live])
+        if cycle.rounds:
+            sizes.append(cycle.rounds)
+        if cycle.prefilled:
+            prefills.append(cycle.prefilled)
+        for i, out in zip(list(live), cycle.produced, strict=True):
+            assert out.error is None, out.error
+            if out.over:
+                ends[i] = out.events[-1]
+                live.remove(i)
+    return ends, sizes, prefills

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from helpers import PROMPT, assert_same_or_near_tie, checked, run
+from helpers import PROMPT, assert_same_or_near_tie, checked, lockstep, run
 from published import build_pair, write_checkpoint
 from test_conversations import OTHER, drafter_of
 from test_engine_sampling import (
@@ -29,31 +29,6 @@ from mlx_spec.recurrent import rollback_strategy
 from mlx_spec.sampling import Sampler, SamplingConfig
 
 PROMPTS = [PROMPT, OTHER, PROMPT[:5] + [3, 1, 4, 1, 5, 9, 2, 6], [7] * 3]
-
-
-def lockstep(convs, prompts, *, max_tokens=32, sampling=None, rows=None):
-    """Drive the turns together as the server does (cycle.Batch.step: every round's drafts
-    together, one pass per cycle, prompt chunks of turns arriving together in one pass).
-    rows: the batch's rows, made here from convs and prompts if not given. Returns each turn's
-    TurnEnd, the rounds of every cycle that verified any, and the rows of every prefill pass."""
-    batch = Batch(convs[0].costbook)
-    sampling = sampling or [SamplingConfig()] * len(convs)
-    rows = rows or [batch.start(c, p, max_tokens=max_tokens, sampling=s, ignore_eos=True)
-                    for c, p, s in zip(convs, prompts, sampling, strict=True)]
-    ends, sizes, prefills = [None] * len(rows), [], []
-    live = list(range(len(rows)))
-    while live:
-        cycle = batch.step([rows[i] for i in live])
-        if cycle.rounds:
-            sizes.append(cycle.rounds)
-        if cycle.prefilled:
-            prefills.append(cycle.prefilled)
-        for i, out in zip(list(live), cycle.produced, strict=True):
-            assert out.error is None, out.error
-            if out.over:
-                ends[i] = out.events[-1]
-                live.remove(i)
-    return ends, sizes, prefills
 
 
 def near_copy(model_dirs, arch: str, noise: float):

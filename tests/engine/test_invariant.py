@@ -8,9 +8,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import PROMPT, checked, conversation, run
+from helpers import PROMPT, checked, conversation, lockstep, run
 from scipy.stats import chisquare
-from test_batch import lockstep
 from test_conversations import OTHER, drafter_of
 from test_engine_sampling import (
     CFG,
