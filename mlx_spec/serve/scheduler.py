@@ -115,9 +115,11 @@ class Scheduler:
         job = Job(prompt, max_tokens, sampling, trace)
         need = job.need = self.budget.need(len(prompt), max_tokens) if self.budget else 0
         if self.budget and need > self.budget.bytes:
+            capped = (f", up to the {self.budget.context}-token context"
+                      if len(prompt) + max_tokens > self.budget.context else "")
             raise TooLarge(f"its caches would take {_mb(need)} (a {len(prompt)}-token prompt "
-                           f"and max_tokens {max_tokens}); the server's budget for all of them "
-                           f"is {_mb(self.budget.bytes)} (serve --kv-memory)")
+                           f"and max_tokens {max_tokens}{capped}); the server's budget for all "
+                           f"of them is {_mb(self.budget.bytes)} (serve --kv-memory)")
         with self._lock:
             if self._closed:
                 raise QueueFull("the server is shutting down")
