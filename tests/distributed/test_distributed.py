@@ -162,6 +162,25 @@ def test_sampling_over_a_split_is_the_targets_distribution(dirs, hostfile):
     assert pval > 1e-3
 
 
+def test_a_seeded_answer_over_a_split_is_the_one_machine_target_only_answer(dirs, hostfile):
+    """Seeded T = 1 (the drafter-invariant coupling): a draft model over two ranks gives, seed
+    for seed, the tokens target-only gives on one machine."""
+    cfg = dict(temperature=1.0)
+    turn = {"prompt": PROMPT[:12], "max_tokens": 16, "k": 3, "seed": 0, "sampling": cfg,
+            "repeat": 3, "reseed": True, "check": True}
+    result = drive({"model": dirs["llama"], "drafter": "draft", "draft_model": dirs["draft"],
+                    "turns": [turn]}, hostfile)
+    got = result["turns"][0]
+    assert result["ranks"] == 2 and got["drafted"] > 0
+    alone = load_engine(LoadSpec(model=str(dirs["llama"]), drafter="none"))
+    for seed, tokens in enumerate(got["tokens"]):
+        end = list(alone.conversation().generate(
+            PROMPT[:12], max_tokens=16, ignore_eos=True,
+            sampling=SamplingConfig(seed=seed, **cfg)))[-1]
+        assert tokens == list(end.tokens), seed
+    assert max(got["worst"]) < 1e-4  # every cache equal to a recompute, every round
+
+
 @pytest.mark.parametrize("how", ["killed", "hung"])
 def test_a_lost_rank_ends_rank_0_with_one_line(dirs, hostfile, how):
     """Killed mid-answer, or stopped (alive, silent: SIGSTOP) past MLX_SPEC_RANK_TIMEOUT:
