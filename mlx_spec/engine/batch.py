@@ -52,11 +52,15 @@ def forward_together(convs: list[Conversation], inputs: list[mx.array]):
     return convs[0].target.forward_rows(x, caches, hidden=convs[0].wants_hidden)
 
 
-def verify_together(rounds: list[tuple[Conversation, Draft]]) -> list[PassRows]:
+def verify_together(rounds: list[tuple[Conversation, Draft]], *,
+                    together: bool | None = None) -> list[PassRows]:
     """Every round's verify pass: one target forward for all when they batch, else each its
-    own. Each conversation's bookkeeping is its own (Conversation.took_pass)."""
+    own. Each conversation's bookkeeping is its own (Conversation.took_pass). together: the
+    caller already knows whether they batch (None: asked here)."""
     convs = [conv for conv, _ in rounds]
-    if len(rounds) == 1 or not batchable(convs):
+    if together is None:
+        together = len(rounds) > 1 and batchable(convs)
+    if not together:
         return [conv.verify(draft) for conv, draft in rounds]
     inputs = [conv.pass_input(draft) for conv, draft in rounds]
     lengths = [x.shape[0] for x in inputs]
@@ -65,14 +69,17 @@ def verify_together(rounds: list[tuple[Conversation, Draft]]) -> list[PassRows]:
             for r, ((conv, draft), q) in enumerate(zip(rounds, lengths, strict=True))]
 
 
-def prefill_together(chunks: list[tuple[Conversation, PrefillDue]]) -> list[Prefilled | None]:
+def prefill_together(chunks: list[tuple[Conversation, PrefillDue]], *,
+                     together: bool | None = None) -> list[Prefilled | None]:
     """Several conversations' next prompt chunks as ONE target forward when they batch (rows
     right-padded, each row's keys to its own cache, as a verify pass), each conversation's
     cache then sealed as its own chunk would leave it; else None for each (it runs alone).
     A long chunk's pass is compute-bound on a CPU: together they save the per-pass cost only
-    (DESIGN.md, "Measurements behind the rules")."""
+    (DESIGN.md, "Measurements behind the rules"). together: as verify_together's."""
     convs = [conv for conv, _ in chunks]
-    if len(chunks) < 2 or not batchable(convs):
+    if together is None:
+        together = len(chunks) > 1 and batchable(convs)
+    if not together:
         return [None] * len(chunks)
     lengths = [len(due.chunk) for _, due in chunks]
     _, hidden = forward_together(convs, [mx.array(due.chunk, dtype=mx.int32)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -98,18 +99,25 @@ class Batch:
         produced = {row: self._advance(row, None) if not row.started else Produced()
                     for row in rows}
         waiting = [row for row in rows if not produced[row].over]
+        # asked once a cycle: if every waiting row batches, so does any subset of them
+        every = len(waiting) > 1 and batchable([row.conv for row in waiting])
+
+        def together(some: list[Row]) -> bool:
+            return len(some) > 1 and (every or batchable([row.conv for row in some]))
+
         rounds = [row for row in waiting if isinstance(row.due, RoundDue)]
         passes = widest = 0
         if rounds:
-            ran = run_rounds([(row.conv, row.due) for row in rounds], sync=self.cap is not None)
+            one = together(rounds)
+            ran = run_rounds([(row.conv, row.due) for row in rounds], sync=self.cap is not None,
+                             together=one)
             for row, result in zip(rounds, ran, strict=True):
                 row.ran = result
-            one = (ran[0] is not None and ran[0].logits is not None
-                   and batchable([row.conv for row in rounds]))
-            passes = 1 if one else len(rounds)
+            ran_one = one and ran[0] is not None and ran[0].logits is not None
+            passes = 1 if ran_one else len(rounds)
             widest = max((r.draft.k for r in ran if r is not None), default=0)
         paused = [r for r in waiting if isinstance(r.due, PrefillDue)]
-        failed = self._prefill(paused)
+        failed = self._prefill(paused, together(paused))
         for row, error in failed.items():
             produced[row] = Produced(produced[row].events, error, ended=True)
         prefilled = len(paused) if len(paused) > 1 and not failed and paused[0].ran else 0
@@ -119,7 +127,7 @@ class Batch:
             # that ran a prefill chunk (a row without a round paused). Seen before the next
             # cap is chosen.
             self.length.observe(len(rounds), widest, time.perf_counter() - self._resumed)
-        self.cap = self._cap(waiting)
+        self.cap = self._cap([row for row in waiting if row.conv.policy is not None], together)
         self._resumed = time.perf_counter()
         for row in waiting:  # each resumed with what ran for it (or it runs it alone)
             if not produced[row].over:
@@ -127,13 +135,13 @@ class Batch:
                 produced[row] = Produced(produced[row].events + out.events, out.error, out.ended)
         return Cycle([produced[row] for row in rows], passes, len(rounds), prefilled)
 
-    def _cap(self, rows: list[Row]) -> int | None:
+    def _cap(self, rows: list[Row], together: Callable[[list[Row]], bool]) -> int | None:
         """The cap on every `auto` row's next draft length (BatchDraftLength): over the rows
-        whose turn has begun, if there are two or more and they verify in one pass; else
-        None, each policy choosing alone."""
-        begun = [row.conv for row in rows if row.conv.policy is not None]
-        if len(begun) < 2 or not batchable(begun):
+        whose turn has begun (`rows`), if they verify in one pass (`together`); else None,
+        each policy choosing alone."""
+        if not together(rows):
             return None
+        begun = [row.conv for row in rows]
         # each row priced by the policy that will choose its round (a ready copy's, or its
         # model's); the cap binds both
         policies = [conv.round_policy() for conv in begun]
@@ -161,14 +169,14 @@ class Batch:
                 row.turn.close()
                 return Produced(events, ended=True)
 
-    def _prefill(self, paused: list[Row]) -> dict[Row, BaseException]:
-        """The paused rows' next prompt chunks, in one pass where they batch (else each runs
-        alone when its turn resumes). A failed pass ends those rows with its error (their
-        caches may hold part of it), never the others."""
-        if len(paused) < 2:
+    def _prefill(self, paused: list[Row], together: bool) -> dict[Row, BaseException]:
+        """The paused rows' next prompt chunks, in one pass where they batch (`together`; else
+        each runs alone when its turn resumes). A failed pass ends those rows with its error
+        (their caches may hold part of it), never the others."""
+        if not together:
             return {}
         try:
-            done = prefill_together([(row.conv, row.due) for row in paused])
+            done = prefill_together([(row.conv, row.due) for row in paused], together=True)
         except Exception as e:  # noqa: BLE001
             return {row: e for row in paused}
         for row, reply in zip(paused, done, strict=True):
@@ -176,13 +184,14 @@ class Batch:
         return {}
 
 
-def run_rounds(rounds: list[tuple[Conversation, RoundDue]], *, sync: bool = False
-               ) -> list[RoundRan | None]:
+def run_rounds(rounds: list[tuple[Conversation, RoundDue]], *, sync: bool = False,
+               together: bool | None = None) -> list[RoundRan | None]:
     """The rounds' drafts (together where the drafter can) and their verify pass (one for all
     where they batch), timed as a whole; sync: wait for the pass, so a cycle is timed whole.
     A failed batched draft leaves each to draft alone from its committed sequence (the pass
     still shared); a failed pass, each to verify alone (logits None); where even that fails,
-    every round runs alone (None), so an error reaches its own request."""
+    every round runs alone (None), so an error reaches its own request. together: whether
+    they verify in one pass, where the caller knows (verify_together)."""
     t = time.perf_counter()
     try:
         drafts = draft_together(rounds)
@@ -194,7 +203,8 @@ def run_rounds(rounds: list[tuple[Conversation, RoundDue]], *, sync: bool = Fals
     draft_s = time.perf_counter() - t
     t = time.perf_counter()
     try:
-        rows = verify_together([(conv, d) for (conv, _), d in zip(rounds, drafts, strict=True)])
+        rows = verify_together([(conv, d) for (conv, _), d in zip(rounds, drafts, strict=True)],
+                               together=together)
         if sync:
             mx.eval([a for pair in rows for a in pair if a is not None])
     except Exception:  # noqa: BLE001 - each verifies alone

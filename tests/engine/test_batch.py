@@ -289,3 +289,34 @@ def _counting(turn, chunks):
         if isinstance(item, PrefillDue):
             chunks.append(len(item.chunk))
         reply = yield item
+
+
+def test_a_cycle_asks_once_whether_its_rows_batch(load, monkeypatch):
+    """Whether the rows verify (and prefill) in one pass is asked once a cycle, by the cycle,
+    and handed down: never again inside the pass, nor for the next cycle's draft-length cap."""
+    from mlx_spec.engine import batch as batch_module
+    from mlx_spec.engine import cycle as cycle_module
+
+    asked = {"cycle": 0, "batch": 0, "steps": 0}
+
+    def counting(where, real):
+        def ask(convs):
+            asked[where] += 1
+            return real(convs)
+        return ask
+
+    monkeypatch.setattr(cycle_module, "batchable", counting("cycle", batchable))
+    monkeypatch.setattr(batch_module, "batchable", counting("batch", batchable))
+    step = Batch.step
+
+    def counted(self, rows):
+        asked["steps"] += 1
+        return step(self, rows)
+
+    monkeypatch.setattr(Batch, "step", counted)
+    target, tok = load("qwen3")
+    engine = Engine(target, tok, drafter_of("ngram", target, load))
+    convs = [engine.conversation() for _ in PROMPTS]
+    lockstep(convs, PROMPTS, max_tokens=12)
+    assert asked["batch"] == 0
+    assert 0 < asked["cycle"] <= asked["steps"]

@@ -163,9 +163,9 @@ def served_together(engine: Engine, prompts, max_tokens, monkeypatch, batch_cost
     (each prompt's tokens, each verify pass as (rows, each row's k))."""
     passes = []
 
-    def recorded(rounds):
+    def recorded(rounds, **options):
         passes.append((len(rounds), [draft.k for _, draft in rounds]))
-        return verify_together(rounds)
+        return verify_together(rounds, **options)
 
     monkeypatch.setattr(cycle_module, "verify_together", recorded)
     monkeypatch.setattr(AdaptiveDraftLength, "round_costs",
