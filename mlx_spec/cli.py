@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--draft-vocab", type=positive_int, default=None, metavar="N",
                    help="eagle3: a draft vocabulary of the N tokens most frequent in the "
                         "training data (d2t / t2d, as speculators writes them; default: all)")
+    t.add_argument("--chat-prompts", type=positive_int, default=None, metavar="N",
+                   help="a chat model without --data: answer at most N chat prompts for its "
+                        "training data (default: as many as 30%% of --minutes allows, up to "
+                        "2048)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch-size", type=positive_int, default=8)
     t.add_argument("--seq-len", type=positive_int, default=192)

@@ -34,6 +34,11 @@ from .distill import (
     held_out_scores,
 )
 
+# the chat prompts a timed run goes down (unless --chat-prompts), answering until its answering
+# budget (30%) is spent; the list is the same whatever the budget, so a resumed sitting reads
+# the answers an earlier one wrote and goes on down it
+CHAT_PROMPTS = 2048
+
 
 def held_out_split(tokenizer: Any, data: str | None, dc: DistillConfig):
     """(corpus tokens or None, prompts to continue or None, held-out prompts). From `data` (a
@@ -84,7 +89,8 @@ def cmd_train_drafter(args) -> int:
         data, held, held_out = chat_training_set(
             target, tokenizer, dc.seq_len, out / "train" / "chat", seed=dc.seed, log=log,
             seconds=budget * 0.3 if budget else None,
-            n_prompts=512 if budget else min(512, max(32, dc.steps // 4)))
+            n_prompts=getattr(args, "chat_prompts", None) or (
+                CHAT_PROMPTS if budget else min(512, max(32, dc.steps // 4))))
     else:
         n_gen = 256 if budget else min(256, max(32, dc.steps // 4))
         data = build_training_set(target, tokens, dc, n_gen, log, prompts=prompts,

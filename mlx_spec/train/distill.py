@@ -277,7 +277,7 @@ def distill_eagle3(target: TargetModel, data: np.ndarray, dc: DistillConfig, out
                                                               draft_vocab)
     t, _ = eagle3_trainee(target, dc.depth, dc.seed, vocab)
     taught, started = None, time.perf_counter()
-    if data.size * (draft_vocab or target.vocab_size) * 2 <= TEACHER_CACHE_BYTES:
+    if data.size * (draft_vocab or target.vocab_size) * 2 <= teacher_cache_bytes(out):
         taught = TeacherCache(out / "train" / "teacher", target, data,
                               tuple(t.head.cfg.layer_ids), vocab)
         # a sitting spends at most half its time on it; the next one goes on with the rest
@@ -297,9 +297,14 @@ def distill_eagle3(target: TargetModel, data: np.ndarray, dc: DistillConfig, out
     return t.head
 
 
-# the target's side of the rows is kept on disk up to this size (p over the draft vocabulary in
-# f16 is most of it: 512 rows x 192 tokens x 8192 ids = 1.6 GB)
-TEACHER_CACHE_BYTES = 4 << 30
+def teacher_cache_bytes(out: Path) -> int:
+    """How much of the target's side of the rows may be kept on disk: half the free space where
+    the head is written (p over the draft vocabulary in f16 is most of it: 512 rows x 192
+    tokens x 8192 ids = 1.6 GB)."""
+    import shutil
+
+    where = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    return shutil.disk_usage(where).free // 2
 
 
 def _previous_curve(path: Path) -> list[dict]:

@@ -108,9 +108,12 @@ def test_train_drafter_for_minutes_without_data(model_dirs, tmp_path, capsys):
 
     out = tmp_path / "head"
     args = ["train-drafter", "--target", str(model_dirs("qwen3")), "--minutes", "0.15",
-            "--out", str(out), "--batch-size", "2", "--seq-len", "32", "--kind", "shared-kv"]
+            "--out", str(out), "--batch-size", "2", "--seq-len", "32", "--kind", "shared-kv",
+            "--chat-prompts", "12"]
     assert main(args) == 0
     err = capsys.readouterr().err
+    answered = [np.load(f) for f in (out / "train" / "chat").glob("answers-*.npy")]
+    assert sum(_conversations(flat) for flat in answered) == 12  # --chat-prompts
     assert "ETA" in err and "held-out after" in err
     summary = err.strip().splitlines()[-1]
     assert summary.startswith("mlx-spec: trained") and "tokens per target pass" in summary
@@ -126,6 +129,14 @@ def test_train_drafter_for_minutes_without_data(model_dirs, tmp_path, capsys):
     assert again[-1]["step"] > first and again[: len(curve)] == curve  # the curve carries on
     assert main(args + ["--steps", "3"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def _conversations(flat: np.ndarray) -> int:
+    """How many conversations a kept answers file holds (each: its length, then its ids)."""
+    n = i = 0
+    while i < len(flat):
+        n, i = n + 1, i + 1 + int(flat[i])
+    return n
 
 
 def test_position_weights_are_the_gradient_of_tokens_per_pass():
