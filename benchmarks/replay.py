@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from mlx_spec.engine import Conversation
 from mlx_spec.engine.adaptive import AdaptiveDraftLength
-from mlx_spec.engine.schedule import End, Plain, Schedule, Speculate
+from mlx_spec.engine.schedule import Next, Schedule, Speculate, drive
 from mlx_spec.events import TurnEnd
 from mlx_spec.sampling import Sampler, SamplingConfig, chance_evidence
 
@@ -148,37 +148,35 @@ def replay(tables: list[list[Position]], costs: RoundCosts, draft_length: int | 
 def _turn(runs: list[Position], costs: RoundCosts, schedule: Schedule, rng: random.Random,
           noise: float, text: list[int] | None = None, committed: list[int] | None = None
           ) -> float:
-    """One prompt's turn, driven by the engine's own Schedule as Conversation.generate drives
-    it: a plain run lasts until the schedule asks for something else. text: the prompt and
-    its continuation, kept in `committed` up to the position reached."""
+    """One prompt's turn, its steps run by the engine's own loop (schedule.drive, as a turn
+    plays them), each simulated: a plain token costs costs.plain, a round accepts what the
+    record says. text: the prompt and its continuation, kept in `committed` up to the
+    position reached."""
     def jitter(seconds: float) -> float:
         return seconds * math.exp(rng.gauss(0.0, noise))
 
-    def decide(ahead: int = 0):
+    def decide(ahead: int) -> Next:
         if text is not None and committed is not None:
             committed[:] = text[: len(text) - len(runs) + len(arrivals)]
         return schedule.next(left=len(runs) - len(arrivals) - ahead, room=len(runs) + 1)
 
-    schedule.new_turn()
-    now, fed, planned = 0.0, len(runs), None  # a new prompt: the drafter catches up
-    arrivals: list[float] = []
-    while True:
-        step = planned or decide()
-        planned = None
-        if isinstance(step, End):
-            break
-        if isinstance(step, Plain):
+    def plain(more: Callable[[int], bool]) -> Iterator[None]:
+        nonlocal now, fed
+        try:
             while True:
-                planned = decide(ahead=1)
+                go_on = more(1)  # decided before the token arrives, as a pipelined run does
                 seconds = jitter(costs.plain)
                 now, fed = now + seconds, fed + 1
                 arrivals.append(now)
                 schedule.observe_plain(seconds)
-                if not isinstance(planned, Plain):
-                    break
+                yield
+                if not go_on:
+                    return
+        finally:
             schedule.end_plain_run()
-            continue
-        assert isinstance(step, Speculate)
+
+    def speculate(step: Speculate) -> Iterator[None]:
+        nonlocal now, fed
         k, split = step.k, schedule.split()
         n = accepted(runs[len(arrivals)], k, rng)
         emitted = min(n + 1, len(runs) - len(arrivals))
@@ -189,6 +187,13 @@ def _turn(runs: list[Position], costs: RoundCosts, schedule: Schedule, rng: rand
                                verify_s=jitter(costs.verify[k]) if split else None,
                                evidence=evidence(runs[len(arrivals)], k))
         fed = n + 1
-        arrivals += [now] * emitted
+        arrivals.extend([now] * emitted)
+        yield
+
+    schedule.new_turn()
+    now, fed = 0.0, len(runs)  # a new prompt: the drafter catches up
+    arrivals: list[float] = []
+    for _ in drive(decide, plain, speculate):
+        pass
     span = arrivals[-1] - arrivals[0]
     return (len(arrivals) - 1) / span if span > 0 else 0.0

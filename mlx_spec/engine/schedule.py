@@ -9,8 +9,9 @@ rounds that carry it out report back through `observe_*`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from .adaptive import AdaptiveDraftLength
 
@@ -179,3 +180,33 @@ class Schedule:
         for policy in self._policies():
             policy.observe_plain(self._plain_s, self._plain_n)
         self._plain_s, self._plain_n = 0.0, 0
+
+
+Item = TypeVar("Item")
+
+
+def drive(decide: Callable[[int], Next],
+          plain: Callable[[Callable[[int], bool]], Iterator[Item]],
+          speculate: Callable[[Speculate], Iterator[Item]]) -> Generator[Item, Any, str]:
+    """A turn's steps in the order the schedule decides them, the one loop the engine's turns
+    (turn.play) and the replay harness both run: decide(ahead) -> the Next after `ahead` more
+    tokens; a Plain step runs plain(more) — more(ahead), asked by the run before each token it
+    builds, decides the step after it and says whether that is still plain, so the decision
+    that ends a run is the next step's — and a Speculate step runs speculate(step). Yields what
+    they yield (values sent in reach them) and returns the End's reason. Closing it closes the
+    step under way (a plain run cuts back what it built ahead)."""
+    planned: Next | None = None  # decided at the end of a plain run, for the step after it
+    while True:
+        step = planned or decide(0)
+        planned = None
+        if isinstance(step, End):
+            return step.reason
+        if isinstance(step, Plain):
+            def more(ahead: int = 1) -> bool:
+                nonlocal planned
+                planned = decide(ahead)
+                return isinstance(planned, Plain)
+
+            yield from plain(more)
+        else:
+            yield from speculate(step)

@@ -28,7 +28,7 @@ from ..stats import Totals, quantiles
 from . import inspect
 from .conversation import Conversation
 from .rounds import Due, PrefillDue, Prefilled, Resume, RoundDue, RoundRan
-from .schedule import End, Next, Plain, Schedule
+from .schedule import Next, Schedule, Speculate, drive
 
 # a round's (or plain step's) tokens, their kinds, and what it did if the turn is traced
 Emitted = tuple[list[int], list[Kind], RoundTrace | None]
@@ -124,52 +124,39 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
         reused = conv.prefill(prompt)
     prefill_s = time.perf_counter() - t0
 
-    def decide(ahead: int = 0) -> Next:  # ahead: tokens a plain run has built ahead
+    def decide(ahead: int) -> Next:  # ahead: tokens a plain run has built ahead
         """What comes after `ahead` more tokens."""
         return schedule.next(left=turn.left - ahead,
                              room=conv.target.context_length - len(conv.tokens) - ahead,
                              stopped=stop is not None and stop.is_set(), cap=turn.cap)
 
-    planned: Next | None = None  # decided at the end of a plain run, for the step after it
-    finish = "length"
-    while True:
-        step = planned or decide()
-        planned = None
-        if isinstance(step, End):
-            finish = step.reason
-            break
-        if isinstance(step, Plain):
-            def more(ahead: int = 1) -> bool:  # asked by the plain run for each token
-                nonlocal planned
-                planned = decide(ahead=ahead)
-                return isinstance(planned, Plain)
+    def plain(more: Callable[[int], bool]):
+        return (plain_rounds(conv, sampler, lambda: more(0), schedule, turn) if rounds_only
+                else plain_run(conv, sampler, more, schedule, turn))
 
-            rounds = (plain_rounds(conv, sampler, lambda: more(0), schedule, turn)
-                      if rounds_only else plain_run(conv, sampler, more, schedule, turn))
-        else:
-            rounds = speculate(conv, step.k, step.copy, sampler, schedule, turn,
-                               lambda new: _stop_point(new, turn.left, eos)[0])
-        reason, reply = "", None
-        with closing(rounds):  # a plain run stopped early cuts its extra step back
-            while True:
-                try:
-                    item = rounds.send(reply)
-                except StopIteration:
-                    break
-                if isinstance(item, RoundDue):  # up to the driver: batched, or alone (None)
-                    reply = yield item
-                    continue
-                reply = None
-                new, kinds, record = item
-                cut, reason = _stop_point(new, turn.left, eos)
-                if record is not None:  # first, so a UI can draw a rejected draft before its fix
-                    yield replace(record, emitted=_shown(new[:cut], eos))
-                yield from _emit(turn, new[:cut], kinds[:cut], eos, decoder)
-                if reason:
-                    break
-        if reason:
-            finish = reason
-            break
+    def round_of(step: Speculate):
+        return speculate(conv, step.k, step.copy, sampler, schedule, turn,
+                         lambda new: _stop_point(new, turn.left, eos)[0])
+
+    rounds, reply = drive(decide, plain, round_of), None
+    with closing(rounds):  # a turn stopped inside a plain run cuts its extra step back
+        while True:
+            try:
+                item = rounds.send(reply)
+            except StopIteration as end:
+                finish = end.value
+                break
+            if isinstance(item, RoundDue):  # up to the driver: batched, or alone (None)
+                reply = yield item
+                continue
+            reply = None
+            new, kinds, record = item
+            cut, finish = _stop_point(new, turn.left, eos)
+            if record is not None:  # first, so a UI can draw a rejected draft before its fix
+                yield replace(record, emitted=_shown(new[:cut], eos))
+            yield from _emit(turn, new[:cut], kinds[:cut], eos, decoder)
+            if finish:
+                break
     conv.materialize()
     stats = turn_stats(conv, prompt, reused, prefill_s, turn, finish)
     yield TurnEnd(stats, finish, tuple(turn.generated))
