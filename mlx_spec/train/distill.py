@@ -388,8 +388,7 @@ def _check_resume(out: Path, want: dict, config_file: str) -> None:
 
 def default_kind(target: TargetModel, log=lambda s: None) -> str:
     """train-drafter's head kind when none is asked for: EAGLE-3 where its taps are reachable
-    (on the demo target it led the shared-KV head after 20 minutes, 2.57 / 3.20 tokens per
-    pass at k = 4 / 8 against 2.48 / 2.77: docs/TRAIN.md), else the shared-KV MTP head."""
+    (it led per minute of training: docs/TRAIN.md), else the shared-KV MTP head."""
     from ..drafters.eagle3 import Eagle3Config, check_fits
     from .eagle3 import speculators_config
 
@@ -405,11 +404,9 @@ def default_kind(target: TargetModel, log=lambda s: None) -> str:
 
 
 def default_lr(width: int) -> float:
-    """The peak learning rate for a head `width` wide: 2e-3 at the demo's 192 (where 1e-3 to
-    4e-3 trained alike), falling as 1/width² to 1e-4. SmolLM2's 576-wide EAGLE-3 head at 2e-3
-    diverged (one batch, 60 steps: loss 21 → 41 → 9, 2% of it right); at 5e-4 it crawled
-    (18%); at 2.5e-4 and 1e-4 it fitted the batch (92%, 94%). Its lm_head starts as the
-    target's: a fine-tuning rate, not a from-scratch one."""
+    """The peak learning rate for a head `width` wide: 2e-3 at 192 wide, falling as 1/width²,
+    between 1e-4 and 2e-3 (why: docs/TRAIN.md, "The learning rate"). An EAGLE-3 head's lm_head
+    starts as the target's: a fine-tuning rate, not a from-scratch one."""
     return float(min(2e-3, max(1e-4, 2e-3 * (192 / width) ** 2)))
 
 

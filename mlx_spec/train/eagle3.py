@@ -137,14 +137,13 @@ def whiten_input(head: Eagle3Head, taps: mx.array) -> None:
     """Set the input norm's weight so that each coordinate of the normed taps has unit RMS
     over `taps` (a sample of the target's, [..., 3·d]).
 
-    Real targets carry "massive activations": a few residual coordinates of 10^3–10^4 in
-    every token (SmolLM2-135M: 2.5·10^4 against ~1 elsewhere). One RMSNorm over the
-    concatenated taps then divides every coordinate by an RMS those few set, the rest arrive
-    at the fc ~10^-3 of their share, and fc sees nearly the same vector at every position:
-    the head learns a bigram of the token alone (SmolLM2, 166 steps: 0.14 of first drafts
-    accepted). With w_i = 1 / RMS_i(x / rms(x)) the normed taps are whitened per coordinate at
-    the start — the format is unchanged (speculators' `input_norm`), the weight still
-    learns."""
+    Real targets carry "massive activations": a few residual coordinates orders of magnitude
+    above the rest in every token. One RMSNorm over the concatenated taps then divides every
+    coordinate by an RMS those few set, the rest reach fc at a tiny share, and fc sees nearly
+    the same vector at every position: the head learns a bigram of the token alone
+    (docs/TRAIN.md, "Massive activations"). With w_i = 1 / RMS_i(x / rms(x)) the normed taps
+    are whitened per coordinate at the start — the format is unchanged (speculators'
+    `input_norm`), the weight still learns."""
     if "input_norm" not in head:
         return
     x = taps.reshape(-1, taps.shape[-1]).astype(mx.float32)
