@@ -343,6 +343,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(data)))
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
+            if self.close_connection:  # it closes after this answer: a client that reused
+                self.send_header("Connection", "close")  # the socket would find it gone
             self.end_headers()
             self.wfile.write(data)
         except GONE:

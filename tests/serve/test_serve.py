@@ -215,6 +215,19 @@ def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(server, client):
     assert "has at least" in str(e.value)
 
 
+def test_a_refused_request_says_its_connection_closes(server):
+    """A 400 whose body may be unread closes the connection after it, and says so
+    (`Connection: close`): a kept-alive client would otherwise send its next request into a
+    socket the server has closed ("Server disconnected without sending a response")."""
+    conn = http.client.HTTPConnection(*server.httpd.server_address[:2], timeout=60)
+    conn.request("POST", "/v1/completions", body=b"not json",
+                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    reply = conn.getresponse()
+    reply.read()
+    assert reply.status == 400 and reply.getheader("Connection") == "close"
+    conn.close()
+
+
 def test_a_connection_reset_prints_no_traceback(server, capfd):
     """A client that resets its connection (a keep-alive socket dropped, a killed process) is
     the client's business: the server prints nothing for it, and goes on answering."""
