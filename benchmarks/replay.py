@@ -33,7 +33,7 @@ import mlx.core as mx
 
 from mlx_spec.engine import Conversation
 from mlx_spec.engine.adaptive import AdaptiveDraftLength
-from mlx_spec.engine.schedule import Next, Schedule, Speculate, drive
+from mlx_spec.engine.planner import Next, Planner, Speculate, drive
 from mlx_spec.events import TurnEnd
 from mlx_spec.sampling import Sampler, SamplingConfig, chance_evidence
 
@@ -129,8 +129,8 @@ def replay(tables: list[list[Position]], costs: RoundCosts, draft_length: int | 
     one: (tokens − 1) / (last arrival − first). Every timing is multiplied by exp(N(0, noise)).
     prior: verify costs an `auto` policy starts from instead of the true ones, not measured (as
     on a fresh engine: calibration.prior), its plain cost their c(1). texts: each table's
-    prompt and continuation (`record(..., text=True)`): the schedule then reads the text
-    committed so far, as a greedy turn's does (Schedule.in_phase)."""
+    prompt and continuation (`record(..., text=True)`): the planner then reads the text
+    committed so far, as a greedy turn's does (Planner.in_phase)."""
     rng = random.Random(seed)
     policy = None
     if draft_length == "auto" and prior is not None:
@@ -139,16 +139,16 @@ def replay(tables: list[list[Position]], costs: RoundCosts, draft_length: int | 
     elif draft_length == "auto":
         policy = AdaptiveDraftLength(costs.verify, plain_cost=costs.plain, **policy_options)
     committed: list[int] = []
-    schedule = Schedule(policy, 0 if draft_length == "auto" else int(draft_length), drafting=True,
-                        text=(lambda: committed) if texts is not None else None)
-    return [_turn(runs, costs, schedule, rng, noise, texts[i] if texts else None, committed)
+    planner = Planner(policy, 0 if draft_length == "auto" else int(draft_length), drafting=True,
+                      text=(lambda: committed) if texts is not None else None)
+    return [_turn(runs, costs, planner, rng, noise, texts[i] if texts else None, committed)
             for i, runs in enumerate(tables)]
 
 
-def _turn(runs: list[Position], costs: RoundCosts, schedule: Schedule, rng: random.Random,
+def _turn(runs: list[Position], costs: RoundCosts, planner: Planner, rng: random.Random,
           noise: float, text: list[int] | None = None, committed: list[int] | None = None
           ) -> float:
-    """One prompt's turn, its steps run by the engine's own loop (schedule.drive, as a turn
+    """One prompt's turn, its steps run by the engine's own loop (planner.drive, as a turn
     plays them), each simulated: a plain token costs costs.plain, a round accepts what the
     record says. text: the prompt and its continuation, kept in `committed` up to the
     position reached."""
@@ -158,7 +158,7 @@ def _turn(runs: list[Position], costs: RoundCosts, schedule: Schedule, rng: rand
     def decide(ahead: int) -> Next:
         if text is not None and committed is not None:
             committed[:] = text[: len(text) - len(runs) + len(arrivals)]
-        return schedule.next(left=len(runs) - len(arrivals) - ahead, room=len(runs) + 1)
+        return planner.next(left=len(runs) - len(arrivals) - ahead, room=len(runs) + 1)
 
     def plain(more: Callable[[int], bool]) -> Iterator[None]:
         nonlocal now, fed
@@ -168,21 +168,21 @@ def _turn(runs: list[Position], costs: RoundCosts, schedule: Schedule, rng: rand
                 seconds = jitter(costs.plain)
                 now, fed = now + seconds, fed + 1
                 arrivals.append(now)
-                schedule.observe_plain(seconds)
+                planner.observe_plain(seconds)
                 yield
                 if not go_on:
                     return
         finally:
-            schedule.end_plain_run()
+            planner.end_plain_run()
 
     def speculate(step: Speculate) -> Iterator[None]:
         nonlocal now, fed
-        k, split = step.k, schedule.split()
+        k, split = step.k, planner.split()
         n = accepted(runs[len(arrivals)], k, rng)
         emitted = min(n + 1, len(runs) - len(arrivals))
         seconds = jitter(costs.round(k))
         now += seconds
-        schedule.observe_round(k, n, round_s=seconds, fed=fed,
+        planner.observe_round(k, n, round_s=seconds, fed=fed,
                                draft_s=jitter(k * costs.draft) if split else None,
                                verify_s=jitter(costs.verify[k]) if split else None,
                                evidence=evidence(runs[len(arrivals)], k))
@@ -190,7 +190,7 @@ def _turn(runs: list[Position], costs: RoundCosts, schedule: Schedule, rng: rand
         arrivals.extend([now] * emitted)
         yield
 
-    schedule.new_turn()
+    planner.new_turn()
     now, fed = 0.0, len(runs)  # a new prompt: the drafter catches up
     arrivals: list[float] = []
     for _ in drive(decide, plain, speculate):

@@ -29,7 +29,7 @@ FLOORS = {
     "mlx_spec.engine.costbook": 2.0,
     "mlx_spec.engine.adaptive": 2.0,
     "mlx_spec.engine.batch_length": 2.0,
-    "mlx_spec.engine.schedule": 2.0,
+    "mlx_spec.engine.planner": 2.0,
     "mlx_spec.engine.rounds": 2.0,
     "mlx_spec.engine.inspect": 2.0,  # what a traced round records (p, q, top-5)
     "mlx_spec.engine.conversation": 2.1,

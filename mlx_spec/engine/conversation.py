@@ -150,7 +150,7 @@ class Conversation:
 
     def draft_context(self, *, copy: bool = True) -> DraftContext:
         """What the drafter reads to draft now (batch.draft_together drafts several); copy:
-        a lookup drafter may copy this round (False: the schedule chose its model)."""
+        a lookup drafter may copy this round (False: the planner chose its model)."""
         return self._context(copy=copy)
 
     @property

@@ -24,7 +24,7 @@ from ..sampling import Sampler
 class RoundDue:
     """A round is next: k drafts (0: a plain step, the pass alone), drawn with `sampler`;
     split: its draft is timed apart (synced before the pass); copy: a lookup drafter may copy
-    (False: the schedule chose its model)."""
+    (False: the planner chose its model)."""
 
     k: int
     sampler: Sampler

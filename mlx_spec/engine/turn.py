@@ -1,4 +1,4 @@
-"""A turn: prefill, then rounds as the schedule decides them, yielding typed events.
+"""A turn: prefill, then rounds as the planner decides them, yielding typed events.
 
 A round is: draft d_1..d_k; verify [pending, d_1..d_k] in ONE target forward (k+1 next-token
 distributions); accept (the sampler keeps the first n drafts and adds the target's own token t);
@@ -27,8 +27,8 @@ from ..sampling import Sampler, SamplingConfig
 from ..stats import Totals, quantiles
 from . import inspect
 from .conversation import Conversation
+from .planner import Next, Planner, Speculate, drive
 from .rounds import Due, PrefillDue, Prefilled, Resume, RoundDue, RoundRan
-from .schedule import Next, Schedule, Speculate, drive
 
 # a round's (or plain step's) tokens, their kinds, and what it did if the turn is traced
 Emitted = tuple[list[int], list[Kind], RoundTrace | None]
@@ -102,10 +102,10 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
     check_prompt(conv, prompt)
     sampler = Sampler(sampling or SamplingConfig())
     conv.begin_turn(sampler.cfg.greedy)
-    schedule = Schedule(conv.policy, conv.max_draft, drafting=conv.drafter is not None,
-                        copies=conv.copy_policy, copy_ready=conv.copy_ready,
-                        text=(lambda: conv.tokens) if sampler.cfg.greedy else None)
-    schedule.new_turn()
+    planner = Planner(conv.policy, conv.max_draft, drafting=conv.drafter is not None,
+                      copies=conv.copy_policy, copy_ready=conv.copy_ready,
+                      text=(lambda: conv.tokens) if sampler.cfg.greedy else None)
+    planner.new_turn()
     eos = set() if ignore_eos else conv.eos
     decoder = IncrementalDecoder(conv.tokenizer)
     mx.reset_peak_memory()
@@ -126,16 +126,16 @@ def play(conv: Conversation, prompt: list[int], *, max_tokens: int = 256,
 
     def decide(ahead: int) -> Next:  # ahead: tokens a plain run has built ahead
         """What comes after `ahead` more tokens."""
-        return schedule.next(left=turn.left - ahead,
+        return planner.next(left=turn.left - ahead,
                              room=conv.target.context_length - len(conv.tokens) - ahead,
                              stopped=stop is not None and stop.is_set(), cap=turn.cap)
 
     def plain(more: Callable[[int], bool]):
-        return (plain_rounds(conv, sampler, lambda: more(0), schedule, turn) if rounds_only
-                else plain_run(conv, sampler, more, schedule, turn))
+        return (plain_rounds(conv, sampler, lambda: more(0), planner, turn) if rounds_only
+                else plain_run(conv, sampler, more, planner, turn))
 
     def round_of(step: Speculate):
-        return speculate(conv, step.k, step.copy, sampler, schedule, turn,
+        return speculate(conv, step.k, step.copy, sampler, planner, turn,
                          lambda new: _stop_point(new, turn.left, eos)[0])
 
     rounds, reply = drive(decide, plain, round_of), None
@@ -170,13 +170,13 @@ def check_prompt(conv: Conversation, prompt: list[int]) -> None:
                                  f"{conv.target.context_length}")
 
 
-def speculate(conv: Conversation, k: int, copy: bool, sampler: Sampler, schedule: Schedule,
+def speculate(conv: Conversation, k: int, copy: bool, sampler: Sampler, planner: Planner,
               turn: _Turn, keep: Callable[[list[int]], int]
               ) -> Generator[Emitted | RoundDue, Resume | None, None]:
     """One speculative round: draft, verify (yielding a RoundDue first: the driver may run
     both, batched), accept, commit the first keep(tokens) of its tokens (the turn may end
     inside it); yields them and their kinds. copy: a lookup drafter may copy this round."""
-    split = schedule.split()  # time draft and verify apart this round
+    split = planner.split()  # time draft and verify apart this round
     round_start = time.perf_counter()
     ran = turn.resumed((yield RoundDue(k, sampler, split, copy)))
     draft, logits, hidden, draft_s, verify_s = _ran(conv, ran, k, sampler, split, copy)
@@ -190,7 +190,7 @@ def speculate(conv: Conversation, k: int, copy: bool, sampler: Sampler, schedule
     commit_s = time.perf_counter() - t
     turn.tally.commit_s += commit_s
     turn.tally.add_pass(k, n, draft_s, verify_s)
-    schedule.observe_round(k, n, round_s=time.perf_counter() - round_start, fed=draft.fed,
+    planner.observe_round(k, n, round_s=time.perf_counter() - round_start, fed=draft.fed,
                            draft_s=draft_s if split else None,
                            verify_s=verify_s if split else None, copied=draft.copied,
                            evidence=verdict.evidence)
@@ -221,25 +221,25 @@ def _ran(conv: Conversation, ran: RoundRan | Prefilled | None, k: int, sampler: 
 
 
 def plain_run(conv: Conversation, sampler: Sampler, more: Callable[[], bool],
-              schedule: Schedule, turn: _Turn) -> Iterator[Emitted]:
-    """Plain decoding, one token per target pass, until more() says otherwise. The schedule
+              planner: Planner, turn: _Turn) -> Iterator[Emitted]:
+    """Plain decoding, one token per target pass, until more() says otherwise. The planner
     learns its cost from the whole run, first step included. (Its steps are pipelined: their
     logits never reach the host, so a traced plain step has no rows.)"""
     try:
         for token, seconds in conv.decode(sampler, more):
             turn.tally.add_pass(0, 0, 0.0, seconds)
-            schedule.observe_plain(seconds)
+            planner.observe_plain(seconds)
             record = turn.traced(k=0, accepted=0, drafted=(), copied=False,
                                  rule=inspect.rule(sampler),
                                  at_s=time.perf_counter() - seconds - turn.t0, draft_s=0.0,
                                  verify_s=seconds, commit_s=0.0)
             yield [token], [Kind.TARGET], record
     finally:
-        schedule.end_plain_run()
+        planner.end_plain_run()
 
 
 def plain_rounds(conv: Conversation, sampler: Sampler, more: Callable[[], bool],
-                 schedule: Schedule, turn: _Turn
+                 planner: Planner, turn: _Turn
                  ) -> Generator[Emitted | RoundDue, Resume | None, None]:
     """Plain decoding as rounds of no drafts, until more() (asked after each token) says
     otherwise: each token's pass is a RoundDue, so a driver can run it in one pass with other
@@ -253,7 +253,7 @@ def plain_rounds(conv: Conversation, sampler: Sampler, more: Callable[[], bool],
             conv.commit(verdict.tokens, len(conv.tokens), hidden)
             seconds = time.perf_counter() - t
             turn.tally.add_pass(0, 0, 0.0, seconds)
-            schedule.observe_plain(seconds)
+            planner.observe_plain(seconds)
             record = turn.traced(
                 k=0, accepted=0, drafted=(), copied=False, rule=inspect.rule(sampler),
                 at_s=t - turn.t0, draft_s=0.0, verify_s=seconds, commit_s=0.0,
@@ -263,7 +263,7 @@ def plain_rounds(conv: Conversation, sampler: Sampler, more: Callable[[], bool],
             if not more():
                 return
     finally:
-        schedule.end_plain_run()
+        planner.end_plain_run()
 
 
 def _emit(turn: _Turn, tokens: list[int], kinds: list[Kind], eos: set[int],

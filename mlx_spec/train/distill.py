@@ -49,7 +49,7 @@ from .chain import (
 )
 from .config import DistillConfig
 from .features import TeacherCache
-from .loop import Schedule, checkpoint_step, train
+from .loop import Recipe, checkpoint_step, train
 
 
 def soft_ce(logits: mx.array, p: mx.array, valid: mx.array) -> mx.array:
@@ -106,9 +106,9 @@ def _train(module: nn.Module, loss_fn, data: np.ndarray, dc: DistillConfig, work
         rows = (mx.array(data[index]),) + (extra(step) if extra is not None else ())
         return rows + (taught.get(index) if taught is not None else ())
 
-    schedule = Schedule(steps=dc.steps if seconds is None else 10**9, lr=dc.lr,
-                        warmup=dc.warmup, save_every=dc.save_every, seconds=seconds)
-    return train(module, loss_fn, batch, schedule, workdir / "checkpoint.safetensors", progress,
+    recipe = Recipe(steps=dc.steps if seconds is None else 10**9, lr=dc.lr,
+                    warmup=dc.warmup, save_every=dc.save_every, seconds=seconds)
+    return train(module, loss_fn, batch, recipe, workdir / "checkpoint.safetensors", progress,
                  evaluate, **wall)
 
 

@@ -26,7 +26,7 @@ Progress = Callable[[int, int, float, float], None]
 
 
 @dataclass(frozen=True)
-class Schedule:
+class Recipe:
     """`steps` steps, or with `seconds` as many as fit in that much training time (steps is
     then only an upper bound): the cosine decay runs over the time instead of the steps."""
 
@@ -55,7 +55,7 @@ class Schedule:
 
 
 def train(module: nn.Module, loss_fn: Callable[..., mx.array],
-          batch: Callable[[int], tuple[mx.array, ...]], schedule: Schedule, checkpoint: Path,
+          batch: Callable[[int], tuple[mx.array, ...]], recipe: Recipe, checkpoint: Path,
           progress: Progress | None = None,
           evaluate: tuple[float, Callable[[int, float], None]] | None = None, *,
           deadline: float | None = None, reserve: float = 0.0,
@@ -66,7 +66,7 @@ def train(module: nn.Module, loss_fn: Callable[..., mx.array],
     deadline: a wall-clock end (time.perf_counter()) that the last evaluation must fit before
     too: training stops when what is left is no more than the longest evaluation so far
     (`reserve`: one the caller timed before). saved(step, loss): after every checkpoint."""
-    opt = schedule.optimizer()
+    opt = recipe.optimizer()
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     start = load_checkpoint(checkpoint, module, opt) if checkpoint.exists() else 0
     state = [module.state, opt.state]
@@ -74,7 +74,7 @@ def train(module: nn.Module, loss_fn: Callable[..., mx.array],
     @partial(mx.compile, inputs=state, outputs=state)
     def step_fn(*xs):
         loss, grads = nn.value_and_grad(module, loss_fn)(*xs)
-        grads, _ = optim.clip_grad_norm(grads, schedule.clip)
+        grads, _ = optim.clip_grad_norm(grads, recipe.clip)
         opt.update(module, grads)
         return loss
 
@@ -85,28 +85,28 @@ def train(module: nn.Module, loss_fn: Callable[..., mx.array],
     def late() -> bool:
         return deadline is not None and time.perf_counter() + reserve >= deadline
 
-    while (step < schedule.steps and (schedule.seconds is None or trained < schedule.seconds)
+    while (step < recipe.steps and (recipe.seconds is None or trained < recipe.seconds)
            and not (late() and step > start)):
         t = time.perf_counter()
-        if schedule.seconds is not None:
-            opt.learning_rate = schedule.lr_at(step, trained)
+        if recipe.seconds is not None:
+            opt.learning_rate = recipe.lr_at(step, trained)
         loss = step_fn(*batch(step))
         mx.eval(state, loss)
         trained += time.perf_counter() - t
         step += 1
         running = loss.item() if math.isnan(running) else 0.95 * running + 0.05 * loss.item()
         rate = (step - start) / trained
-        timed_out = schedule.seconds is not None and trained >= schedule.seconds or late()
+        timed_out = recipe.seconds is not None and trained >= recipe.seconds or late()
         if progress is not None:  # a timed run's total: what the remaining time will allow
-            total = (schedule.steps if schedule.seconds is None else
-                     step + int(rate * max(0.0, schedule.seconds - trained)))
+            total = (recipe.steps if recipe.seconds is None else
+                     step + int(rate * max(0.0, recipe.seconds - trained)))
             progress(step, total, running, rate)
-        if step % schedule.save_every == 0 or step == schedule.steps or timed_out:
+        if step % recipe.save_every == 0 or step == recipe.steps or timed_out:
             save_checkpoint(checkpoint, module, opt, step)
             saved_at = step
             if saved is not None:
                 saved(step, running)
-        if evaluate and (trained >= next_eval or step == schedule.steps or timed_out):
+        if evaluate and (trained >= next_eval or step == recipe.steps or timed_out):
             t = time.perf_counter()
             evaluate[1](step, trained)
             evaluated_at = step

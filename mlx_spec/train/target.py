@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .loop import Schedule, train
+from .loop import Recipe, train
 from .modeldir import build_model
 
 
@@ -59,7 +59,7 @@ def train_lm(
     workdir: Path, *, log=print, init: Path | None = None,
 ) -> nn.Module:
     """Train from random weights, or from the weights of the model directory `init` (a longer
-    schedule on top of an earlier run); a checkpoint in `workdir` takes precedence over both."""
+    recipe on top of an earlier run); a checkpoint in `workdir` takes precedence over both."""
     workdir.mkdir(parents=True, exist_ok=True)
     model = build_model(config, seed=cfg.seed)
     ckpt = workdir / "checkpoint.safetensors"
@@ -76,9 +76,9 @@ def train_lm(
         if step % cfg.log_every == 0:
             log(f"step {step}/{total} loss {loss:.3f} ({rate * tokens_per_step:,.0f} tok/s)")
 
-    schedule = Schedule(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup,
-                        weight_decay=cfg.weight_decay, save_every=cfg.save_every)
-    train(model, lambda x, y: lm_loss(model, x, y), partial(batch, train_tokens, cfg), schedule,
+    recipe = Recipe(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup,
+                    weight_decay=cfg.weight_decay, save_every=cfg.save_every)
+    train(model, lambda x, y: lm_loss(model, x, y), partial(batch, train_tokens, cfg), recipe,
           ckpt, progress)
     held = evaluate(model, heldout_tokens, cfg.seq_len)
     (workdir / "metrics.json").write_text(json.dumps({"heldout_loss": held, "steps": cfg.steps}))

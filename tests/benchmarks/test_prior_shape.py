@@ -1,7 +1,7 @@
 """`auto` on a prior (costs not calibrated on this target): the rounds' own verify passes give
 c(q) its measured scale and shape, so the policy chooses as it would with costs known, and a
 calibrated policy is left as it was. No model is loaded: the policy is driven as the engine's
-Schedule drives it, on given times."""
+Planner drives it, on given times."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from helpers import PROMPT, conversation, open_chat
 from benchmarks.replay import RoundCosts, record, record_sampled, replay
 from mlx_spec.drafters import DraftModelDrafter
 from mlx_spec.engine.adaptive import AdaptiveDraftLength
-from mlx_spec.engine.schedule import Schedule, Speculate
+from mlx_spec.engine.planner import Planner, Speculate
 from mlx_spec.sampling import SamplingConfig
 
 REFERENCE = Path(__file__).parents[1] / "reference"  # tests/reference/
@@ -131,7 +131,7 @@ def test_auto_lands_in_phase_on_looping_text():
     the end, from the next it fails at once): a fixed k whose rounds advance by a multiple of
     the period rides the good phase (k = 7 on the period-4 loop), a stationary α per position
     cannot see it, and auto without the text replays well behind k = 8. With the text
-    (Schedule.in_phase: after a whole round, k + 1 a multiple of the period) it keeps up with
+    (Planner.in_phase: after a whole round, k + 1 a multiple of the period) it keeps up with
     the best fixed k."""
     runs, texts = LOOPING["runs"], LOOPING["texts"]
     fixed = {k: rate(k, runs) for k in range(1, 9)}
@@ -148,9 +148,9 @@ def test_in_phase_drafts_a_multiple_of_the_period():
     def choose_after(k: int, n: int, loop: list[int], *, text: bool = True) -> int:
         words = [7, 8, 9] + loop * 6
         policy = AdaptiveDraftLength([1.0 + 0.02 * q for q in range(9)], plain_cost=1.0)
-        schedule = Schedule(policy, 8, drafting=True, text=(lambda: words) if text else None)
-        schedule.observe_round(k, n, round_s=1.0, fed=1)
-        step = schedule.next(left=50, room=500)
+        planner = Planner(policy, 8, drafting=True, text=(lambda: words) if text else None)
+        planner.observe_round(k, n, round_s=1.0, fed=1)
+        step = planner.next(left=50, room=500)
         assert isinstance(step, Speculate)
         return step.k
 
@@ -171,25 +171,25 @@ def test_in_phase_rounds_that_come_out_short_stop_being_tried():
     one and they stop; where they come out whole they go on; a new turn starts on trust."""
     costs = [1.0 + 0.25 * q for q in range(9)]  # steep: 8 drafts cost 2.8x one
 
-    def new_schedule() -> Schedule:
+    def new_planner() -> Planner:
         words = [7, 8, 9] + [1, 2, 3] * 6
         policy = AdaptiveDraftLength(costs, plain_cost=1.0)
-        return Schedule(policy, 8, drafting=True, text=lambda: words)
+        return Planner(policy, 8, drafting=True, text=lambda: words)
 
-    def in_phase_rounds(whole: bool, schedule: Schedule) -> list[int]:
+    def in_phase_rounds(whole: bool, planner: Planner) -> list[int]:
         ks = []
         for _ in range(8):
-            schedule.observe_round(1, 1, round_s=0.1 + costs[1], fed=1)  # a whole round
-            step = schedule.next(left=50, room=500)
+            planner.observe_round(1, 1, round_s=0.1 + costs[1], fed=1)  # a whole round
+            step = planner.next(left=50, room=500)
             k = step.k if isinstance(step, Speculate) else 0
             ks.append(k)
             if k:
-                schedule.observe_round(k, k if whole else 0, round_s=0.1 * k + costs[k], fed=1)
+                planner.observe_round(k, k if whole else 0, round_s=0.1 * k + costs[k], fed=1)
         return ks
 
-    assert in_phase_rounds(True, new_schedule()) == [8] * 8
-    schedule = new_schedule()
-    failing = in_phase_rounds(False, schedule)
+    assert in_phase_rounds(True, new_planner()) == [8] * 8
+    planner = new_planner()
+    failing = in_phase_rounds(False, planner)
     assert failing[0] == 8 and 1 <= failing.count(8) <= 3 and 8 not in failing[3:], failing
-    schedule.new_turn()
-    assert in_phase_rounds(False, schedule)[0] == 8
+    planner.new_turn()
+    assert in_phase_rounds(False, planner)[0] == 8

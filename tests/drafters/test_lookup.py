@@ -194,10 +194,10 @@ def test_the_schedule_asks_the_copies_policy_when_a_copy_is_ready():
     """A ready copy: the copies' policy chooses k (here 8, the model's 0 would have gone
     plain) and learns from the round; the model's only ages by the round's tokens. No copy,
     or copies that do not pay: the model's chooses, and its round may not copy."""
-    from mlx_spec.engine.schedule import Plain, Schedule, Speculate
+    from mlx_spec.engine.planner import Plain, Planner, Speculate
 
     model, copies, ready = Recorder(0), Recorder(8), [True]
-    s = Schedule(model, 8, drafting=True, copies=copies, copy_ready=lambda: ready[0])
+    s = Planner(model, 8, drafting=True, copies=copies, copy_ready=lambda: ready[0])
     assert s.next(left=100, room=100) == Speculate(8)
     s.observe_round(8, 8, round_s=0.1, fed=1, copied=True)
     assert copies.observed == [(8, 8)] and model.observed == [] and model.aged == 9
@@ -215,7 +215,7 @@ def test_the_schedule_asks_the_copies_policy_when_a_copy_is_ready():
 
 
 def test_a_round_the_engine_gave_the_model_is_not_copied(load):
-    """DraftContext.copy False (the schedule chose the model's round): the lookup drafter
+    """DraftContext.copy False (the planner chose the model's round): the lookup drafter
     drafts with its model even where a copy is ready, alone and in batched rows."""
     from mlx_spec.sampling import Sampler
 

@@ -297,13 +297,13 @@ def test_a_wall_deadline_keeps_room_for_the_last_scoring():
     import mlx.core as mx
     import mlx.nn as nn
 
-    from mlx_spec.train.loop import Schedule, train
+    from mlx_spec.train.loop import Recipe, train
 
     model = nn.Linear(4, 4)
     x = mx.ones((2, 4))
     saved, scored = [], []
     train(model, lambda x: (model(x) ** 2).mean(), lambda step: (x,),
-          Schedule(steps=1000, lr=1e-3, warmup=1), _tmp_checkpoint(),
+          Recipe(steps=1000, lr=1e-3, warmup=1), _tmp_checkpoint(),
           evaluate=(1e9, lambda step, t: scored.append(step)),
           deadline=time.perf_counter() + 30.0, reserve=3600.0,
           saved=lambda step, loss: saved.append(step))

@@ -1,7 +1,7 @@
-"""What a turn does next, as data: one scheduler for the engine's turns and the replay harness.
+"""What a turn does next, as data: one planner for the engine's turns and the replay harness.
 
 Each step of a turn is a `Next`: `Speculate(k)` (k drafts, one verify pass), `Plain()` (a run of
-plain decoding until the schedule asks for something else) or `End(reason)`. The decision is a
+plain decoding until the planner asks for something else) or `End(reason)`. The decision is a
 value, computed from counts alone (tokens left, context left, a stop flag), with the draft-length
 policy's choice of k inside it: whoever makes it (rank 0, the replay) can hand it on, and the
 rounds that carry it out report back through `observe_*`.
@@ -37,7 +37,7 @@ class Speculate:
 
 @dataclass(frozen=True)
 class Plain:
-    """Plain decoding, one token per target pass, until the schedule says otherwise."""
+    """Plain decoding, one token per target pass, until the planner says otherwise."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class End:
 Next = Speculate | Plain | End
 
 
-class Schedule:
+class Planner:
     """Which round comes next in a turn, and what the policy learns from each round.
 
     policy: the adaptive draft-length policy (None: a fixed k = max_draft); drafting: whether a
@@ -188,7 +188,7 @@ Item = TypeVar("Item")
 def drive(decide: Callable[[int], Next],
           plain: Callable[[Callable[[int], bool]], Iterator[Item]],
           speculate: Callable[[Speculate], Iterator[Item]]) -> Generator[Item, Any, str]:
-    """A turn's steps in the order the schedule decides them, the one loop the engine's turns
+    """A turn's steps in the order the planner decides them, the one loop the engine's turns
     (turn.play) and the replay harness both run: decide(ahead) -> the Next after `ahead` more
     tokens; a Plain step runs plain(more) — more(ahead), asked by the run before each token it
     builds, decides the step after it and says whether that is still plain, so the decision
