@@ -189,7 +189,7 @@ def load_engine(spec: LoadSpec | None = None):
         check_split_drafter(d)
     draft_length = spec.draft_length
     if draft_length is None:  # the drafter's own length where its files give one, else auto
-        own = d.default_k if d is not None else None
+        own = d.draft_length if d is not None else None
         draft_length = min(own, MAX_DRAFT) if own else "auto"
     return Engine(target, tokenizer, d, draft_length=draft_length, kv_bits=spec.kv_bits)
 

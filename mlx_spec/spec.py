@@ -47,8 +47,8 @@ def check_draft_length(k: object) -> None:
 
 def auto_max_draft(drafter: object) -> int:
     """The longest draft `auto` may choose with this drafter: AUTO_MAX_DRAFT, or a block
-    drafter's own block when longer (DFlash: block_size - 1, its `max_k`)."""
-    own = drafter.max_k if drafter is not None else None
+    drafter's own block when longer (DFlash: block_size - 1, its `max_draft`)."""
+    own = drafter.max_draft if drafter is not None else None
     return max(AUTO_MAX_DRAFT, min(MAX_DRAFT, own or 0))
 
 

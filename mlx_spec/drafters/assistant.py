@@ -186,7 +186,7 @@ class AssistantDrafter(Drafter):
         self.module, self.cfg, self.target = module, cfg, target
         self.embed_scale = float(getattr(target.backbone, "embed_scale",
                                          target.hidden_size**0.5))
-        self.default_k = cfg.num_assistant_tokens
+        self.draft_length = cfg.num_assistant_tokens
 
     def new_state(self) -> AssistantState:
         return AssistantState()

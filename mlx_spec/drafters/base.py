@@ -82,10 +82,10 @@ class Drafter:
     needs_hidden: bool | tuple[int, ...] = False
     # the draft length its files give (a Gemma 4 assistant's, a published head's trained depth);
     # None: `auto` chooses
-    default_k: int | None = None
+    draft_length: int | None = None
     # the longest draft it can make (a DFlash block less its pending token; auto's ceiling rises
     # to it); None: as long as asked
-    max_k: int | None = None
+    max_draft: int | None = None
     # may its next draft be a copy of the conversation's own text (lookup.py)? Then copy_ready
     # says when, and the engine prices copied rounds by their own record
     copies: bool = False

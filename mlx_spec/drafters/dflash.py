@@ -259,7 +259,7 @@ class DFlashDrafter(Drafter):
     def __init__(self, head: DFlashHead, target: TargetModel):
         self.head, self.target, self.cfg = head, target, head.cfg
         self.needs_hidden = head.cfg.taps
-        self.max_k = head.cfg.block_size - 1  # a block is the pending token and the drafts
+        self.max_draft = head.cfg.block_size - 1  # a block is the pending token and the drafts
 
     def new_state(self) -> DFlashState:
         return DFlashState(self.cfg.num_layers)
@@ -283,7 +283,7 @@ class DFlashDrafter(Drafter):
 
     def draft(self, state: DFlashState, ctx: DraftContext, k: int, sampler: Sampler) -> Draft:
         P = len(ctx.tokens) - 1
-        k = min(k, self.max_k)
+        k = min(k, self.max_draft)
         if k <= 0 or state.cached != P:
             return Draft()
         block = mx.array([ctx.tokens[-1]] + [self.cfg.mask_token_id] * k)[None]

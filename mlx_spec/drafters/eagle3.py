@@ -355,7 +355,7 @@ def load_eagle3(path: str | Path, target: TargetModel):
         # our own head: its speculative_tokens is the depth it was trained to (what vLLM would
         # draft), not a length chosen for any machine; here `auto` chooses it from measured
         # acceptance and costs (a 3-minute head: auto 2-3x the tok/s of a fixed k = 8)
-        drafter.default_k = None
+        drafter.draft_length = None
     return drafter
 
 

@@ -49,8 +49,8 @@ class LookupFirst(Drafter):
         self.needs_hidden = inner.needs_hidden
 
     # the model drafter's own declarations
-    default_k = property(lambda self: self.inner.default_k)
-    max_k = property(lambda self: self.inner.max_k)
+    draft_length = property(lambda self: self.inner.draft_length)
+    max_draft = property(lambda self: self.inner.max_draft)
     reads_target_kv = property(lambda self: self.inner.reads_target_kv)
 
     def new_state(self) -> LookupState:

@@ -431,7 +431,7 @@ def eagle3_drafter(head: nn.Module, target: TargetModel) -> MTPDrafter:
                     vocab_size=target.vocab_size, hidden_size=head.cfg.hidden_size,
                     rms_norm_eps=head.cfg.rms_norm_eps)
     drafter = MTPDrafter(head, cfg, target)
-    drafter.default_k = head.cfg.speculative_tokens  # the length it was trained to draft
+    drafter.draft_length = head.cfg.speculative_tokens  # the length it was trained to draft
     return drafter
 
 

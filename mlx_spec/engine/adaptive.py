@@ -37,7 +37,7 @@ OPENING_PLAIN = 2  # plain tokens a policy on a prior opens with (see AdaptiveDr
 # ... owed until speculation's lead would hold even if plain decoding cost this share of its
 # bound c(1) (pipelined, it reads 0.72 of a synced one-token pass on the demo q8, ~0.9 on f32)
 PLAIN_FLOOR = 0.7
-# how much dearer than a round at the deepest measured depth (+ 1) a round past it may be (reach)
+# how much dearer than a round at the deepest measured depth (+ 1) a round past it may be
 GUESS = 0.1
 
 
@@ -189,7 +189,7 @@ class AdaptiveDraftLength:
             # as its evidence reaches; its own costs are a lone row's and stay untouched, its
             # on/off state kept for when it is alone again. A cap of 0: plain, no probe (it
             # would widen every row's pass)
-            return min(top, cap, self.reach())
+            return min(top, cap, self.max_draft_now())
         cost = self.round_costs(top)
         alphas = self.alphas()
         expected = expected_by_k(alphas)
@@ -216,7 +216,7 @@ class AdaptiveDraftLength:
                                              math.ceil(loss / self.probe_budget)), most)
                 return 1
             return 0
-        best = max(range(1, self.reach(cost, top) + 1), key=lambda k: expected[k] / cost[k])
+        best = max(range(1, self.max_draft_now(cost, top) + 1), key=lambda k: expected[k] / cost[k])
         self.on = True
         if self.rounds_off or self.probe_gap != self.probe_every:
             self.rounds_off, self.probe_gap = 0, self.probe_every  # on again: probes reset
@@ -244,7 +244,7 @@ class AdaptiveDraftLength:
             return best + 1
         return best
 
-    def reach(self, cost: Sequence[float] | None = None, top: int | None = None) -> int:
+    def max_draft_now(self, cost: Sequence[float] | None = None, top: int | None = None) -> int:
         """The deepest k to draft now: one past the deepest position measured. A climb goes
         one depth at a time: a k past the measured depths (plus one) is an estimate built on
         estimates, so one lucky round cannot send k from 3 to 7 — where such a guess is dear.

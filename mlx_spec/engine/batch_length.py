@@ -36,10 +36,10 @@ class BatchDraftLength:
 
     One k for all rows, not one per row: with right-padding a row drafting less than the
     widest saves only its own drafting time. In a batch the cap is the decision: each row
-    drafts min(cap, its reach), and its own policy learns acceptance from the round but not
-    costs (a row's round takes the whole cycle: priced as one row's, a batch of rows that each
-    pays would read as each losing, and every row would turn itself off). B = 1 is no cap:
-    the policy alone, as it was.
+    drafts min(cap, its policy's max_draft_now()), and its own policy learns acceptance from
+    the round but not costs (a row's round takes the whole cycle: priced as one row's, a batch
+    of rows that each pays would read as each losing, and every row would turn itself off).
+    B = 1 is no cap: the policy alone, as it was.
 
     T_B is measured, not assumed. Each batch size B opens with a plain cycle, which times
     T_B(0) itself, then OPENING_DRAFTED cycles that draft (at least one each), so the line
@@ -90,9 +90,9 @@ class BatchDraftLength:
     @staticmethod
     def expected_tokens(policies: Sequence[AdaptiveDraftLength], top: int) -> list[float]:
         """N_B(k) = Σ_r E_r(min(k, reach_r)) for k = 0..top: under the cap each row drafts
-        as deep as its evidence reaches (AdaptiveDraftLength.reach)."""
+        as deep as its evidence reaches (AdaptiveDraftLength.max_draft_now)."""
         rows = [p.expected() for p in policies]
-        reach = [p.reach() for p in policies]
+        reach = [p.max_draft_now() for p in policies]
         return [sum(e[min(k, m)] for e, m in zip(rows, reach, strict=True))
                 for k in range(top + 1)]
 

@@ -64,7 +64,7 @@ def test_the_written_gemma4_pair_loads_through_our_loader(tmp_path):
     dirs = write_gemma4(TINY, tmp_path)
     target, _ = load_target(dirs["target"])
     drafter = make_drafter("draft", target, draft_model=dirs["assistant"])
-    assert drafter.name == "draft-assistant" and drafter.default_k == 3
+    assert drafter.name == "draft-assistant" and drafter.draft_length == 3
 
 
 @pytest.mark.reference

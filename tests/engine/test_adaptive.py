@@ -582,12 +582,12 @@ def test_a_row_in_a_batch_learns_acceptance_but_not_the_batch_s_times():
     before = [row.round_cost(k) for k in range(9)]
     for _ in range(40):
         k = row.choose(cap=8)
-        assert k == min(8, row.reach()) and not row.split()
+        assert k == min(8, row.max_draft_now()) and not row.split()
         row.observe(k, k, draft_seconds=0.5, verify_seconds=3.0, round_seconds=3.0)
         row.observe_plain(3.0)
         alone.observe(k, k)
     assert [row.round_cost(k) for k in range(9)] == before
-    assert row.alphas()[0] > 0.9 and row.reach() == 8
+    assert row.alphas()[0] > 0.9 and row.max_draft_now() == 8
     assert row.alphas() == alone.alphas()
     # alone again: its own prices (a verified token +3%, a draft 2%) and α ≈ 1 to depth 8, so
     # the deepest k pays most, as it does for the lone row; not a batch row any more

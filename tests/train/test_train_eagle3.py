@@ -57,7 +57,7 @@ def test_written_head_loads_and_keeps_the_trained_acceptance(trained):
     _, target, tok, head, head_dir = trained
     drafter = make_drafter("draft", target, draft_model=head_dir)
     # our own head: `auto` chooses its length (a published one keeps its speculative_tokens)
-    assert drafter.name == "draft-eagle3" and drafter.default_k is None
+    assert drafter.name == "draft-eagle3" and drafter.draft_length is None
     in_memory = held_out_scores(target, tok, eagle3_drafter(head, target), HELD_OUT, max_tokens=32)
     loaded = held_out_scores(target, tok, drafter, HELD_OUT, max_tokens=32)
     assert loaded == in_memory
