@@ -1,9 +1,9 @@
 """Linux only: MLX's CPU backend bundles a slow reference BLAS. Debian's OpenBLAS, preloaded,
-makes f32 matmul about 2x faster and memory-bound (the regime where speculation pays), so the
-CLI re-executes itself once with LD_PRELOAD set when the library is installed.
+makes f32 matmul faster and memory-bound (the regime where speculation pays), so the CLI
+re-executes itself once with LD_PRELOAD set when the library is installed.
 
-OPENBLAS_THREAD_TIMEOUT is left to OpenBLAS: a short spin (4) halved system time but made
-mlx-lm's generate_step ~17% and speculative rounds ~14% slower on this 2-core host."""
+OPENBLAS_THREAD_TIMEOUT is left to OpenBLAS: a short spin cost more than it saved (DESIGN.md,
+"Measurements")."""
 
 from __future__ import annotations
 

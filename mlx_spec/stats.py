@@ -99,10 +99,10 @@ BASELINE_KEEP = 5  # sessions' measurements a saved baseline is the median of
 class Baseline:
     """Target-only decoding speed, measured on this machine with this model.
 
-    One measurement can be far off (on a 2-core Linux VM the tiny demo target decodes 2–3×
-    faster in some stretches than in others, and a saved outlier would misquote every later
-    turn), so each session measures again and speedups are quoted on the median of the last
-    BASELINE_KEEP sessions' measurements (`joined`)."""
+    One measurement can be far off (on a shared host a small target's speed swings from one stretch
+    to the next, and a saved outlier would misquote every later turn), so each session measures
+    again and speedups are quoted on the median of the last BASELINE_KEEP sessions' measurements
+    (`joined`)."""
 
     tok_s: float
     tokens: int

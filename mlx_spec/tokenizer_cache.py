@@ -1,7 +1,8 @@
 """A model's tokenizer, kept ready between runs: mlx-lm's `load_tokenizer` parses tokenizer.json
-in Python and in Rust several times over and walks the whole vocabulary twice (1.2 s of a
-Qwen2.5 start here, more than its 2 GB of weights); the finished TokenizerWrapper, pickled, comes
-back in a third of that (its Rust tokenizer rebuilt once from its own JSON).
+in Python and in Rust several times over and walks the whole vocabulary twice (on a Qwen2.5
+vocabulary, longer than reading its 2 GB of weights: DESIGN.md, "Measurements"); the finished
+TokenizerWrapper, pickled, comes back in a fraction of that (its Rust tokenizer rebuilt once from
+its own JSON).
 
 The pickle lives in MLX_SPEC_HOME/tokenizers/, written by this process from files on this
 machine, and is keyed by everything that could make it stale: the directory, each tokenizer

@@ -1,9 +1,9 @@
 """What crosses from the engine's worker threads to the UI thread.
 
 Tokens go through `TokenBuffer`, which the UI drains on a timer paced by `FramePacer`: one
-`call_from_thread` per token would block the engine on the UI's event loop every token (about
-130 tok/s at most). Rare events (engine ready, turn end, failures) are posted as messages
-(engine_host.py, chat_pane.py).
+`call_from_thread` per token would block the engine on the UI's event loop every token (DESIGN.md,
+"Measurements": the ceiling it put on decoding). Rare events (engine ready, turn end, failures) are
+posted as messages (engine_host.py, chat_pane.py).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class FramePacer:
 
     Every millisecond the UI thread computes is taken from the engine: on a small machine the
     two share the GIL and the cores. A Textual frame (paint, and now and then a layout pass)
-    costs ~3 ms of CPU on a slow 2-core x86 and well under 1 ms on an M-series Mac, so a fixed
+    costs several times more CPU on a slow 2-core x86 than on an M-series Mac, so a fixed
     frame rate is either wasteful there or too slow here. The pacer measures instead: if the UI
     thread spent `c` seconds of CPU since the previous flush (the flush itself, the paint and
     layout it caused, any other event), the next flush waits c / budget, which holds the UI's

@@ -250,11 +250,9 @@ class AdaptiveDraftLength:
         estimates, so one lucky round cannot send k from 3 to 7 — where such a guess is dear.
         Given the round costs T(0..top): deeper still, as far as a round costs at most GUESS
         more than one at that depth. Where verifying more tokens is nearly free (a memory-bound
-        target: the widened bench target's round at k = 8 costs 4% more than at k = 4), a
-        wrong guess costs little and the climb cost much: deep positions are measured only in
-        rounds that get there, their evidence ages with the text, and a climb one depth a round
-        started after every phase change of a looping text (auto replayed at 0.86 of k = 8 on
-        the bench prompts' recorded runs at flat round costs, 0.96 with GUESS)."""
+        target), a wrong guess costs little and the climb cost much: deep positions are measured
+        only in rounds that get there, their evidence ages with the text, and a climb one depth
+        a round started after every phase change of a looping text (DESIGN.md, "Measurements")."""
         measured = next((i for i, s in enumerate(self.seen) if s < 1.0), self.max_draft)
         top = self.max_draft if top is None else min(top, self.max_draft)
         reach = min(top, measured + 1)
@@ -331,8 +329,8 @@ class AdaptiveDraftLength:
         """A run of plain decoding took `seconds` for its `tokens` tokens, its first step
         included: it refines r0, plain decoding's own drift (apart from r: a calibration error
         between p and c must not leak across). A whole run: where a step runs inside the call
-        that builds it (MLX on a CPU), a run's last token reads as free (a 4-token probe timed
-        per token made plain decoding look 1.5× cheaper)."""
+        that builds it (MLX on a CPU), a run's last token reads as free: timed per token, a
+        short probe makes plain decoding look cheaper than it is."""
         if tokens <= 0 or self.batched:  # a batch's plain cycles: the batch's time
             return
         self.opening_due = False  # T(0) is measured now

@@ -69,7 +69,7 @@ class Calibration:
 
 def device_name() -> str:
     """The device the costs belong to: MLX's device and chip, MLX's version, and (on Linux)
-    whether OpenBLAS is preloaded, which changes f32 matmul's speed ~2×."""
+    whether OpenBLAS is preloaded, which changes f32 matmul's speed."""
     import mlx.core as mx
 
     chip = platform.machine()

@@ -117,16 +117,14 @@ class Planner:
         accepted is a function of the text, and in a loop of where in the loop a round starts
         (its phase): a whole round of k + 1 ≡ 0 (mod p) tokens lands on the phase it started from,
         where the drafts were all right, so the next one will most likely be whole again; any
-        other k lands elsewhere in the loop, where the drafter may fail at once (the bench's
-        looping prompts: a fixed k = 7 on a period-4 loop replayed at 1.5× k = 8, and auto,
-        whose α per position cannot see a phase, at 0.92 of k = 8). But the round that was
+        other k lands elsewhere in the loop, where the drafter may fail at once (auto's α per
+        position cannot see a phase; DESIGN.md, "Measurements"). But the round that was
         whole started a phase earlier than this one will: where the drafter fails at the
         phase this one starts from, each such round is lost. So it is priced by how the
         turn's earlier in-phase rounds came out: whole with chance (w + 1) / (n + 1) after w
         whole of n (the first is taken on trust), else only the target's token; kept only
-        where that beats the policy's expectation for its own k. (A 3800-token prompt's
-        greedy text looping with period 3, where the head is right from one phase and wrong
-        from the next: 45 rounds of 8 drafts at 93 ms, each accepting none, in 96 tokens.)"""
+        where that beats the policy's expectation for its own k (a drafter right from one
+        phase and wrong from the next would otherwise lose every such round)."""
         assert self.policy is not None and self.text is not None
         top = min(limit, self.policy.max_draft, limit if cap is None else cap)
         p = loop_period(self.text(), top + 1)

@@ -1,13 +1,13 @@
 """The frozen target's side of training, computed once per row and kept on disk.
 
 An EAGLE-3 head reads the target's taps and learns its next-token distribution; neither changes
-while the head trains, yet computing them is a full forward of the target over every row of
-every step: on a 135M target and 2 CPU cores about half of a step (5.7 of 12.4 s at 8 × 192
-tokens). Rows are visited several times over a run, so each row's taps (f16), its p over the
-draft vocabulary (f16) and the target's argmax are computed once into memory-mapped arrays in
-the run's directory, filled batch by batch (a killed run goes on where it stopped) and read by
-row index at every step. A key of the rows, the taps and the draft vocabulary guards the files:
-other rows or another head's vocabulary start them afresh.
+while the head trains, yet computing them is a full forward of the target over every row of every
+step: on a small target about half of a step (DESIGN.md, "Measurements"). Rows are visited several
+times over a run, so each row's taps (f16), its p over the draft vocabulary (f16) and the target's
+argmax are computed once into memory-mapped arrays in the run's directory, filled batch by batch (a
+killed run goes on where it stopped) and read by row index at every step. A key of the rows, the
+taps and the draft vocabulary guards the files: other rows or another head's vocabulary start them
+afresh.
 """
 
 from __future__ import annotations
