@@ -31,11 +31,12 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlx_spec.coupling import chance_evidence
 from mlx_spec.engine import Conversation
 from mlx_spec.engine.adaptive import AdaptiveDraftLength
 from mlx_spec.engine.planner import Next, Planner, Speculate, drive
 from mlx_spec.events import TurnEnd
-from mlx_spec.sampling import Sampler, SamplingConfig, chance_evidence
+from mlx_spec.sampling import Sampler, SamplingConfig
 
 # a position's record: the run length L(t) (greedy), or the odds r_1..r_depth (T > 0)
 Position = int | Sequence[float]

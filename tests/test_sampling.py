@@ -7,17 +7,14 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from mlx_spec.sampling import (
-    Sampler,
-    SamplingConfig,
+from mlx_spec.coupling import (
     Verdict,
     acceptance_chances,
     categorical,
     greedy_verdict,
-    penalize,
-    probabilities,
     rejection_sample,
 )
+from mlx_spec.sampling import Sampler, SamplingConfig, penalize, probabilities
 
 V, K, N = 6, 3, 60_000
 

@@ -1,6 +1,6 @@
 """The drafter protocol: propose up to k tokens with their draft probabilities; follow commits.
 
-A drafter never decides what is emitted — the target does (see sampling.py). It only has to
+A drafter never decides what is emitted — the target does (see coupling.py). It only has to
 (1) propose tokens, each drawn from the distribution it reports, and (2) after every round cut its
 own state back to the committed sequence, so no rejected token survives as context.
 

@@ -15,7 +15,7 @@ sliding layer, the last W of them) and to the block itself (bidirectionally in f
 layers; causally in sliding ones unless the config says otherwise, as speculators trains them).
 Output slot i (1..k), through the final norm and the target's own head, is q_i, the draft
 distribution of the token at P + i. q_i does not depend on the drafts d_1..d_{i-1}: it is a
-proposal fixed by the committed prefix, so the rejection rule (sampling.py) stays exact.
+proposal fixed by the committed prefix, so the rejection rule (coupling.py) stays exact.
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ from collections.abc import Callable
 import mlx.core as mx
 import numpy as np
 
+from ..coupling import Verdict
 from ..events import Choice, Row
-from ..sampling import Sampler, Verdict
+from ..sampling import Sampler
 
 TOP = 5
 SMALL = 1 << 16  # rows this size or smaller: numpy's argpartition outright

@@ -5,7 +5,7 @@ distributions); accept (the sampler keeps the first n drafts and adds the target
 commit (tokens += d_1..d_n, t; every cache cut back to the committed sequence, so the k - n
 rejected positions leave no trace). Because t is always the target's, every round emits at
 least one token, and the output is the target's own (greedy: token for token; sampled: in
-distribution, see sampling.py). k = 0 is a run of plain decoding (Conversation.decode).
+distribution, see coupling.py). k = 0 is a run of plain decoding (Conversation.decode).
 """
 
 from __future__ import annotations

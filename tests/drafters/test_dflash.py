@@ -125,7 +125,7 @@ def test_known_answer_block_is_always_accepted(pair, k):
 
 @pytest.mark.parametrize("kind", ["random", "hybrid"])
 def test_a_seeded_sampled_answer_is_the_target_only_one(pair, kind):
-    """Drafter-invariant sampling (sampling.py): seeded at T = 1, the block drafter's answer
+    """Drafter-invariant sampling (coupling.py): seeded at T = 1, the block drafter's answer
     is target-only decoding's for that seed, token for token; caches a recompute."""
     target, tok, drafter = pair(kind)
     for seed in range(3):

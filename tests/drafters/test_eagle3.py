@@ -146,7 +146,7 @@ def test_known_answer_head_drafts_the_next_token(pair, kind):
 
 @pytest.mark.parametrize("kind", ["random", "agree"])
 def test_a_seeded_sampled_answer_is_the_target_only_one(pair, kind):
-    """Drafter-invariant sampling (sampling.py): seeded at T = 1, the EAGLE-3 head's answer is
+    """Drafter-invariant sampling (coupling.py): seeded at T = 1, the EAGLE-3 head's answer is
     target-only decoding's for that seed, token for token, at every k; caches a recompute."""
     target, tok, drafter = pair(kind)
     prompt = orbit(PROMPT[0], 20) if kind == "agree" else PROMPT

@@ -148,7 +148,7 @@ def test_greedy_identity_and_caches_equal_a_recompute(pair, kind):
 
 @pytest.mark.parametrize("kind", ["random", "partial"])
 def test_a_seeded_sampled_answer_is_the_target_only_one(pair, kind):
-    """Drafter-invariant sampling (sampling.py): seeded at T = 1, the assistant's answer is
+    """Drafter-invariant sampling (coupling.py): seeded at T = 1, the assistant's answer is
     target-only decoding's for that seed, token for token; caches a recompute every round."""
     target, tok, drafter = pair(kind)
     for seed in range(3):

@@ -1,4 +1,4 @@
-"""Drafter-invariant sampling (sampling.py, Daliri, Musco & Suresh 2024): a seeded request's
+"""Drafter-invariant sampling (coupling.py, Daliri, Musco & Suresh 2024): a seeded request's
 answer is a function of (model, prompt, sampling settings, seed) alone — token for token the
 target-only decoding with that seed, whatever drafter, draft length or batch ran it — and it is
 a draw from the target's distribution (χ²)."""
@@ -20,9 +20,10 @@ from test_engine_sampling import (
     target_joint,
 )
 
+from mlx_spec.coupling import gumbel_argmax
 from mlx_spec.drafters import DraftModelDrafter
 from mlx_spec.engine import Engine
-from mlx_spec.sampling import SamplingConfig, gumbel_argmax
+from mlx_spec.sampling import SamplingConfig
 
 SEEDS = range(6)
 SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)]
