@@ -30,14 +30,23 @@ from .rounds import PrefillDue, Prefilled, RoundDue
 PassRows = tuple[mx.array, mx.array | None]  # a round's logits [k+1, V], hidden [k+1, ·]
 
 
+def batch_key(conv: Conversation) -> tuple[int, bool] | None:
+    """Conversations with the same key verify in one pass: the same weights and the same
+    outputs wanted, over attention caches or recurrent ones that record their updates. None:
+    it batches with nothing (quantized KV does not batch)."""
+    if not all(type(x) in (KVCache, WindowKVCache) or (type(x) is RecurrentCache and x.rollback)
+               for x in conv.cache):
+        return None
+    return id(conv.target), bool(conv.wants_hidden)
+
+
 def batchable(convs: list[Conversation]) -> bool:
-    """Can these conversations verify in one pass? Same weights, attention caches or
-    recurrent ones that record their updates (quantized KV does not batch)."""
-    first = convs[0]
-    return all(c.target is first.target and c.wants_hidden == first.wants_hidden
-               and all(type(x) in (KVCache, WindowKVCache)
-                       or (type(x) is RecurrentCache and x.rollback) for x in c.cache)
-               for c in convs)
+    """Can these conversations verify in one pass? (Their batch_keys are one, not None.)"""
+    return same_key([batch_key(c) for c in convs])
+
+
+def same_key(keys: list[tuple[int, bool] | None]) -> bool:
+    return keys[0] is not None and all(k == keys[0] for k in keys)
 
 
 def forward_together(convs: list[Conversation], inputs: list[mx.array]):

@@ -29,7 +29,7 @@ import mlx.core as mx
 from ..drafters import Draft
 from ..events import Event, TurnEnd
 from ..sampling import SamplingConfig
-from .batch import batchable, draft_together, prefill_together, verify_together
+from .batch import batch_key, draft_together, prefill_together, same_key, verify_together
 from .batch_length import BatchDraftLength
 from .conversation import Conversation
 from .costbook import CostBook
@@ -99,11 +99,11 @@ class Batch:
         produced = {row: self._advance(row, None) if not row.started else Produced()
                     for row in rows}
         waiting = [row for row in rows if not produced[row].over]
-        # asked once a cycle: if every waiting row batches, so does any subset of them
-        every = len(waiting) > 1 and batchable([row.conv for row in waiting])
+        # asked once a cycle, row by row: rows with one batch key verify (and prefill) together
+        key = {row: batch_key(row.conv) for row in waiting}
 
         def together(some: list[Row]) -> bool:
-            return len(some) > 1 and (every or batchable([row.conv for row in some]))
+            return len(some) > 1 and same_key([key[row] for row in some])
 
         rounds = [row for row in waiting if isinstance(row.due, RoundDue)]
         passes = widest = 0

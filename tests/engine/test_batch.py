@@ -20,7 +20,7 @@ from test_engine_sampling import (
 
 from mlx_spec.drafters import DraftModelDrafter
 from mlx_spec.engine import Engine
-from mlx_spec.engine.batch import batchable
+from mlx_spec.engine.batch import batch_key, batchable
 from mlx_spec.engine.cycle import Batch, Row
 from mlx_spec.engine.rounds import PrefillDue
 from mlx_spec.engine.turn import steps
@@ -292,8 +292,9 @@ def _counting(turn, chunks):
 
 
 def test_a_cycle_asks_once_whether_its_rows_batch(load, monkeypatch):
-    """Whether the rows verify (and prefill) in one pass is asked once a cycle, by the cycle,
-    and handed down: never again inside the pass, nor for the next cycle's draft-length cap."""
+    """Whether the rows verify (and prefill) in one pass is asked once a cycle, by the cycle
+    (each row's batch key), and handed down: never again inside the pass, nor for the next
+    cycle's draft-length cap, nor for a subset of the rows."""
     from mlx_spec.engine import batch as batch_module
     from mlx_spec.engine import cycle as cycle_module
 
@@ -305,7 +306,8 @@ def test_a_cycle_asks_once_whether_its_rows_batch(load, monkeypatch):
             return real(convs)
         return ask
 
-    monkeypatch.setattr(cycle_module, "batchable", counting("cycle", batchable))
+    n_rows = len(PROMPTS)
+    monkeypatch.setattr(cycle_module, "batch_key", counting("cycle", batch_key))
     monkeypatch.setattr(batch_module, "batchable", counting("batch", batchable))
     step = Batch.step
 
@@ -319,4 +321,4 @@ def test_a_cycle_asks_once_whether_its_rows_batch(load, monkeypatch):
     convs = [engine.conversation() for _ in PROMPTS]
     lockstep(convs, PROMPTS, max_tokens=12)
     assert asked["batch"] == 0
-    assert 0 < asked["cycle"] <= asked["steps"]
+    assert 0 < asked["cycle"] <= n_rows * asked["steps"]  # each row's key once a cycle at most
