@@ -22,7 +22,7 @@ import mlx.core as mx
 
 from mlx_spec.assets import DEMO_TARGET, demo_model, demo_variant
 from mlx_spec.drafters.lookup import LookupFirst
-from mlx_spec.drafters.mtp import load_mtp_drafter
+from mlx_spec.drafters.mtp_files import load_mtp_drafter
 from mlx_spec.loading import find_mtp_head, load_target
 from mlx_spec.train.corpus import prompts_from_corpus
 

@@ -25,7 +25,8 @@ import mlx.core as mx
 from mlx_spec.assets import DEMO_DRAFT, DEMO_TARGET_F32, demo_model
 from mlx_spec.drafters import Drafter
 from mlx_spec.drafters.lookup import LookupFirst
-from mlx_spec.drafters.mtp import MTPDrafter, load_mtp_drafter
+from mlx_spec.drafters.mtp import MTPDrafter
+from mlx_spec.drafters.mtp_files import load_mtp_drafter
 from mlx_spec.engine import Conversation, Engine
 from mlx_spec.engine.acceptance import measure_acceptance as engine_acceptance
 from mlx_spec.engine.calibration import CalibrationStore

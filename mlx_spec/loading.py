@@ -246,7 +246,7 @@ def _draft_model(target: TargetModel, draft_model):
     from .drafters.assistant import is_assistant, load_assistant
     from .drafters.dflash import is_dflash, load_dflash
     from .drafters.eagle3 import is_eagle3, load_eagle3
-    from .drafters.mtp import load_mtp_drafter
+    from .drafters.mtp_files import load_mtp_drafter
 
     if draft_model is None:
         raise ModelLoadError("--drafter draft needs --draft-model")
@@ -264,7 +264,7 @@ def _draft_model(target: TargetModel, draft_model):
 
 
 def _mtp(target: TargetModel, model_path, mtp):
-    from .drafters.mtp import load_mtp_drafter
+    from .drafters.mtp_files import load_mtp_drafter
 
     path = _local_dir(mtp) if mtp else find_mtp_head(model_path, target)
     if path is None:

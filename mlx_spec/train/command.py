@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..drafters.mtp import CONFIG_FILE
+from ..drafters.mtp_files import CONFIG_FILE
 from ..errors import MlxSpecError
 from .chat import chat_training_set
 from .config import DistillConfig

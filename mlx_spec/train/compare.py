@@ -24,7 +24,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from ..drafters.mtp import MTPConfig, make_head, save_mtp
+from ..drafters.mtp import MTPConfig, make_head
+from ..drafters.mtp_files import save_mtp
 from .command import held_out_split
 from .data import build_training_set, held_rows
 from .distill import (

@@ -178,7 +178,8 @@ def retrain_mtp(args, train: np.ndarray, held: np.ndarray) -> None:
     import json
     import shutil
 
-    from ..drafters.mtp import CONFIG_FILE, MTPConfig
+    from ..drafters.mtp import MTPConfig
+    from ..drafters.mtp_files import CONFIG_FILE
     from .data import held_rows
     from .distill import DistillConfig, Progress, distill_mtp, held_out_scores
 

@@ -26,15 +26,8 @@ import mlx.nn as nn
 import numpy as np
 
 from .. import cache as kv
-from ..drafters.mtp import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    MTPConfig,
-    MTPDrafter,
-    make_head,
-    save_mtp,
-    target_kv,
-)
+from ..drafters.mtp import MTPConfig, MTPDrafter, make_head, target_kv
+from ..drafters.mtp_files import CONFIG_FILE, WEIGHTS_FILE, save_mtp
 from ..errors import MlxSpecError
 from ..model import TargetModel
 from .chain import (

@@ -25,7 +25,8 @@ from test_engine_sampling import (
 
 from mlx_spec import cache as kv
 from mlx_spec.assets import demo_model
-from mlx_spec.drafters.mtp import MTPConfig, MTPDrafter, load_mtp_drafter, make_head, save_mtp
+from mlx_spec.drafters.mtp import MTPConfig, MTPDrafter, make_head
+from mlx_spec.drafters.mtp_files import load_mtp_drafter, save_mtp
 from mlx_spec.errors import ModelLoadError, TokenizerMismatchError
 from mlx_spec.sampling import SamplingConfig
 

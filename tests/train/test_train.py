@@ -9,7 +9,8 @@ from helpers import conversation
 from mlx_spec import cache as kv
 from mlx_spec.cli import main
 from mlx_spec.drafters import DraftContext
-from mlx_spec.drafters.mtp import MTPConfig, MTPDrafter, load_mtp_drafter
+from mlx_spec.drafters.mtp import MTPConfig, MTPDrafter
+from mlx_spec.drafters.mtp_files import load_mtp_drafter
 from mlx_spec.sampling import Sampler, SamplingConfig
 from mlx_spec.train.chain import (
     PositionWeights,
