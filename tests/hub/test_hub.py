@@ -13,7 +13,8 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from helpers import open_chat, run
-from hubserver import HubServer, hub_env, skip_retry_sleeps
+from hubenv import hub_env, skip_retry_sleeps
+from hubserver import HubServer
 from published import CONFIGS, build_pair, write_checkpoint, write_sidecar
 
 from mlx_spec import hub

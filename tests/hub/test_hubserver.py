@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx2
 import huggingface_hub
 import pytest
-from hubserver import HubServer, hub_env, skip_retry_sleeps
+from hubenv import hub_env, skip_retry_sleeps
+from hubserver import HubServer
 from huggingface_hub import (
     HfApi,
     get_safetensors_metadata,
