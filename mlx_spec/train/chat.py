@@ -2,17 +2,21 @@
 by the target itself (self-distillation), so the head learns what the target writes where it is
 used — after `<|im_start|>assistant`, not after raw code.
 
-The questions come from this machine: a built-in set of everyday requests and, from the Python
+The questions come from this machine: a built-in set of everyday requests; from the Python
 standard library's own sources, "write a function that …" from docstrings and "what does
-module.name do?" for the documented functions. A few hand-written prompts are held out: the
-acceptance curve is measured on them and nothing is trained on them.
+module.name do?" for the documented functions; and, for half the list, the model's own: given
+its template up to where a user's words begin, a chat model writes a user's turn (T = 0.7),
+so the head meets requests as varied as the model can imagine rather than a few hundred of ours
+(the "Magpie" way of drawing instructions from an aligned model). A few hand-written prompts
+are held out: the acceptance curve is measured on them and nothing is trained on them.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,14 +101,76 @@ def stdlib_questions(limit: int) -> list[str]:
     return out[:: max(1, len(out) // limit)][:limit] if limit else []  # spread over modules
 
 
-def chat_prompts(tokenizer: Any, n: int, seed: int = 0) -> list[list[int]]:
-    """n user turns — the everyday ones three times over (answered greedily in one batch,
-    sampled in others), the rest the standard library's — in a fixed shuffled order, each as
-    the model's chat template lays it out, ready for the answer."""
+def chat_prompts(tokenizer: Any, n: int, seed: int = 0, own: Sequence[str] = ()
+                 ) -> list[list[int]]:
+    """n user turns — the model's `own` (own_questions), and for the rest the everyday ones
+    three times over (answered greedily in one batch, sampled in others), then the standard
+    library's — in a fixed shuffled order with the model's own spread evenly through it, each
+    as the model's chat template lays it out, ready for the answer."""
+    own = list(own)[:n]
     asks = list(EVERYDAY) * 3
-    asks = (asks + stdlib_questions(max(0, n - len(asks))))[:n]
+    asks = (asks + stdlib_questions(max(0, n - len(own) - len(asks))))[: n - len(own)]
     order = np.random.default_rng(seed).permutation(len(asks))
-    return [encode_chat(tokenizer, [{"role": "user", "content": asks[i]}]) for i in order]
+    ours = [asks[i] for i in order]
+    merged = [ours[i * len(ours) // len(own) : (i + 1) * len(ours) // len(own)] + [q]
+              for i, q in enumerate(own)] if own else [ours]
+    return [encode_chat(tokenizer, [{"role": "user", "content": a}])
+            for part in merged for a in part]
+
+
+MARK = "\x00MARK\x00"  # stands for a user's words while the template is laid out
+
+
+def user_turn_start(tokenizer: Any) -> list[int] | None:
+    """The template up to where a user's words begin (its default system turn included), or
+    None for a model without one."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return None
+    text = tokenizer.apply_chat_template([{"role": "user", "content": MARK}], tokenize=False,
+                                         add_generation_prompt=False)
+    start = text.find(MARK)
+    return list(tokenizer.encode(text[:start], add_special_tokens=False)) if start > 0 else None
+
+
+def own_questions(target: Any, tokenizer: Any, n: int, store: Path, *, seconds: float | None,
+                  seed: int = 0, batch: int = 64, max_tokens: int = 64, log=print) -> list[str]:
+    """Up to n user turns the model writes itself (see the module doc), kept in
+    `store`/questions.json: a later sitting reads them and writes no more. Only whole turns
+    (ended by a stop token) of 3 to 80 words, each once. `seconds` caps the time (at least one
+    batch)."""
+    file = store / "questions.json"
+    if file.exists():
+        return json.loads(file.read_text())["questions"][:n]
+    start = user_turn_start(tokenizer)
+    if start is None or n <= 0:
+        return []
+    import mlx.core as mx
+    from mlx_lm.generate import batch_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    out: list[str] = []
+    seen: set[str] = set()
+    t0 = time.perf_counter()
+    for b in range(3 * n // batch + 1):  # a model that seldom ends its turn: stop trying
+        if len(out) >= n or b and seconds is not None and time.perf_counter() - t0 > seconds:
+            break
+        mx.random.seed(seed + 1000 + b)
+        r = batch_generate(target.model, tokenizer, [start] * batch, max_tokens=max_tokens,
+                           return_token_ids=True, sampler=make_sampler(temp=0.7, top_p=0.9))
+        for ids in r.token_ids:
+            turn, whole = ended(tokenizer, ids, max_tokens)
+            if not whole:
+                continue
+            text = tokenizer.decode(turn[:-1]).strip()
+            if 3 <= len(text.split()) <= 80 and "<|" not in text and text.lower() not in seen:
+                seen.add(text.lower())
+                out.append(text)
+        log(f"the target wrote {min(len(out), n)}/{n} user turns of its own")
+    store.mkdir(parents=True, exist_ok=True)
+    tmp = store / ".questions.json.partial"
+    tmp.write_text(json.dumps({"questions": out[:n]}, indent=1))
+    tmp.replace(file)
+    return out[:n]
 
 
 def held_out_prompts(tokenizer: Any) -> list[list[int]]:
@@ -114,7 +180,8 @@ def held_out_prompts(tokenizer: Any) -> list[list[int]]:
 def answer(target: Any, tokenizer: Any, prompts: list[list[int]], *, max_tokens: int,
            temperature: float, seed: int) -> list[list[int]]:
     """The target's own answers, batched (mlx-lm's batch_generate, left-padded): each prompt
-    followed by its answer, up to and including its stop token."""
+    followed by its answer, and by its end of turn where it ended (batch_generate leaves the
+    stop token out: put back, so the head learns where a turn ends)."""
     import mlx.core as mx
     from mlx_lm.generate import batch_generate
     from mlx_lm.sample_utils import make_sampler
@@ -122,7 +189,20 @@ def answer(target: Any, tokenizer: Any, prompts: list[list[int]], *, max_tokens:
     mx.random.seed(seed)
     r = batch_generate(target.model, tokenizer, prompts, max_tokens=max_tokens,
                        return_token_ids=True, sampler=make_sampler(temp=temperature))
-    return [list(p) + list(map(int, ids)) for p, ids in zip(prompts, r.token_ids, strict=True)]
+    return [list(p) + ended(tokenizer, ids, max_tokens)[0]
+            for p, ids in zip(prompts, r.token_ids, strict=True)]
+
+
+def ended(tokenizer: Any, ids: Sequence[int], max_tokens: int) -> tuple[list[int], bool]:
+    """(a generated turn with its stop token, whether it ended by one): a turn shorter than
+    max_tokens stopped at a stop token, which batch_generate does not return."""
+    ids = list(map(int, ids))
+    stops = set(tokenizer.eos_token_ids)
+    if ids and ids[-1] in stops:
+        return ids, True
+    if len(ids) < max_tokens:
+        return ids + [tokenizer.eos_token_id], True
+    return ids, False
 
 
 def conversations(target: Any, tokenizer: Any, prompts: list[list[int]], store: Path, *,
@@ -175,8 +255,12 @@ def chat_training_set(target: Any, tokenizer: Any, seq_len: int, store: Path, *,
     target's own answers to chat_prompts (kept in `store` across sittings), and its greedy
     answers to the held-out prompts (where the per-position weights are estimated)."""
     held_prompts = held_out_prompts(tokenizer)
-    convs = list(conversations(target, tokenizer, chat_prompts(tokenizer, n_prompts, seed), store,
-                               seconds=seconds, seed=seed, log=log))
+    t0 = time.perf_counter()
+    own = own_questions(target, tokenizer, n_prompts // 2, store, seed=seed, log=log,
+                        seconds=None if seconds is None else seconds / 3)
+    left = None if seconds is None else max(0.0, seconds - (time.perf_counter() - t0))
+    convs = list(conversations(target, tokenizer, chat_prompts(tokenizer, n_prompts, seed, own),
+                               store, seconds=left, seed=seed, log=log))
     held = answer(target, tokenizer, held_prompts, max_tokens=160, temperature=0.0, seed=seed)
     rows = windows(convs, seq_len)
     log(f"training on {len(rows)} rows of the target's own answers to {len(convs)} chat prompts")

@@ -76,3 +76,63 @@ def test_greedy_answers_are_the_targets_own(target):
         n = min(len(want.tokens), len(row) - len(p))
         assert n > 0
         assert row[len(p) : len(p) + n] == list(want.tokens)[:n]
+
+
+class _Tok:
+    """A stand-in tokenizer: ids are characters' codes, 0 the stop token."""
+
+    eos_token_ids, eos_token_id = {0}, 0
+    chat_template = "stub"
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        return f"<s>user:{messages[0]['content']}</s>"
+
+
+def test_a_turn_that_ended_keeps_its_stop_token():
+    """batch_generate leaves the stop token out: a turn shorter than max_tokens ended by one,
+    and gets it back (so the head learns where turns end); one cut at max_tokens does not."""
+    tok = _Tok()
+    assert chat.ended(tok, [5, 6], 4) == ([5, 6, 0], True)
+    assert chat.ended(tok, [5, 0], 4) == ([5, 0], True)
+    assert chat.ended(tok, [5, 6, 7, 8], 4) == ([5, 6, 7, 8], False)
+
+
+def test_the_models_own_questions_are_whole_turns_kept_once(tmp_path, monkeypatch):
+    """The model writes user turns from its template's user start: only whole ones (ended
+    before max_tokens) of 3..80 words, each once, none with template markup; kept on disk, so
+    a later sitting writes no more; spread evenly through the prompt list."""
+    import importlib
+    import types
+
+    generate = importlib.import_module("mlx_lm.generate")  # (mlx_lm.generate: a function)
+    tok = _Tok()
+    assert tok.decode(chat.user_turn_start(tok)) == "<s>user:"
+    CUT = "A turn cut off in the middle of a sentence that goes on and on"
+    written = ["How do I fix a bike?", "how do i fix a bike?", "Hi", CUT,
+               "What is <|im_end|> here?", "Tell me about the moon please."]
+    calls = []
+
+    def fake(model, tokenizer, prompts, *, max_tokens, **kw):
+        calls.append(prompts)
+        assert prompts == [chat.user_turn_start(tok)] * len(prompts)
+        ids = [tok.encode(w)[:max_tokens] for w in written]
+        return types.SimpleNamespace(token_ids=ids)
+
+    monkeypatch.setattr(generate, "batch_generate", fake)
+    target = types.SimpleNamespace(model=None)
+    got = chat.own_questions(target, tok, 5, tmp_path, seconds=0.0, max_tokens=40, log=print)
+    assert got == ["How do I fix a bike?", "Tell me about the moon please."]
+    assert len(calls) == 1  # out of time after one batch
+    monkeypatch.setattr(generate, "batch_generate", None)  # a later sitting: read back
+    assert chat.own_questions(target, tok, 5, tmp_path, seconds=None, log=print) == got
+    own = [f"question {i} of mine" for i in range(5)]
+    prompts = [tok.decode(p) for p in chat.chat_prompts(tok, 20, 0, own)]
+    assert len(prompts) == 20
+    at = [prompts.index(f"<s>user:{q}</s>") for q in own]
+    assert at == sorted(at) and all(3 <= b - a <= 4 for a, b in zip(at, at[1:], strict=False))
