@@ -136,8 +136,8 @@ def own_questions(target: Any, tokenizer: Any, n: int, store: Path, *, seconds: 
                   seed: int = 0, batch: int = 64, max_tokens: int = 64, log=print) -> list[str]:
     """Up to n user turns the model writes itself (see the module doc), kept in
     `store`/questions.json: a later sitting reads them and writes no more. Only whole turns
-    (ended by a stop token) of 3 to 80 words, each once. `seconds` caps the time (at least one
-    batch)."""
+    (ended by a stop token) of 3 to 80 words, each once, never a held-out one. `seconds` caps
+    the time (at least one batch)."""
     file = store / "questions.json"
     if file.exists():
         return json.loads(file.read_text())["questions"][:n]
@@ -162,7 +162,8 @@ def own_questions(target: Any, tokenizer: Any, n: int, store: Path, *, seconds: 
             if not whole:
                 continue
             text = tokenizer.decode(turn[:-1]).strip()
-            if 3 <= len(text.split()) <= 80 and "<|" not in text and text.lower() not in seen:
+            if (3 <= len(text.split()) <= 80 and "<|" not in text and text.lower() not in seen
+                    and text not in HELD_OUT_CHAT):
                 seen.add(text.lower())
                 out.append(text)
         log(f"the target wrote {min(len(out), n)}/{n} user turns of its own")
